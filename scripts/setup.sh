@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: a virtual environment in .venv with tropical installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"

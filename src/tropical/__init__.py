@@ -1,0 +1,1 @@
+"""Tropical: SLO-aware prefill/decode multiplexing for LLM serving."""

@@ -1,0 +1,1 @@
+"""Calibration of the latency model against measured per-op profiles."""

@@ -1,0 +1,1 @@
+"""Pure foundations: requests, SLOs, metrics, specs and the latency model (no I/O)."""

@@ -1,0 +1,1 @@
+"""The latency model: what an iteration and a KV transfer cost."""

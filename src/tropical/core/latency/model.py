@@ -1,0 +1,41 @@
+"""The predictor interface: every policy and the simulator ask only these questions.
+
+A decode-only iteration must cost ``intercept(batch) + slope * total_context`` exactly, so the
+simulator can advance a run of decode iterations in closed form; ``decode_line`` exposes that
+line. Implementations: ``RooflineModel`` (calibrated on measured per-op profiles) and
+``FittedModel`` (coefficients from the engine's profiler).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from tropical.core.latency.shape import BatchShape
+
+
+@runtime_checkable
+class LatencyModel(Protocol):
+    """Predicts seconds for one iteration on one replica, and for moving KV off it."""
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        """Wall time of one forward pass over the batch, sampling included."""
+        ...
+
+    def decode_line(self, batch: int) -> tuple[float, float]:
+        """(intercept, slope) with decode time = intercept + slope * total context tokens."""
+        ...
+
+    def transfer_time(self, tokens: int) -> float:
+        """Time to migrate the KV of ``tokens`` tokens to another replica over the link."""
+        ...
+
+
+def prefill_time(model: LatencyModel, new: int, cached: int = 0) -> float:
+    """One prefill alone on an idle replica: the light-load TTFT."""
+    return model.iteration_time(BatchShape.prefill(new, cached))
+
+
+def decode_time(model: LatencyModel, batch: int, total_context: int) -> float:
+    """One decode-only iteration through the closed-form line."""
+    intercept, slope = model.decode_line(batch)
+    return intercept + slope * total_context

@@ -1,0 +1,59 @@
+"""What a latency model sees of one iteration: aggregate sums, never per-request lists.
+
+A batch is a set of spans (new tokens, tokens already cached). A decode is the span (1, context).
+Keeping only sums lets the simulator price an iteration in O(1) whatever the batch size, and the
+engine's profiler fit exactly the quantities the simulator asks about.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def attention_pairs(new: int, cached: int) -> int:
+    """Causal query-key pairs of a prefill span: token i of the span sees cached + i + 1 keys."""
+    return new * cached + new * (new + 1) // 2
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """Sums over one iteration's spans.
+
+    prefill_*: spans with more than one new token or no cached context (prefills and chunks);
+    decode_*: one new token over ``context`` cached tokens each.
+    """
+
+    prefill_tokens: int = 0
+    prefill_pairs: int = 0
+    prefill_cached: int = 0
+    num_prefills: int = 0
+    decode_count: int = 0
+    decode_context: int = 0
+
+    @classmethod
+    def of_spans(cls, prefills: list[tuple[int, int]], decode_contexts: list[int]) -> BatchShape:
+        """Build from explicit spans; tests and the profiler use this, hot paths add sums."""
+        return cls(
+            prefill_tokens=sum(new for new, _ in prefills),
+            prefill_pairs=sum(attention_pairs(new, cached) for new, cached in prefills),
+            prefill_cached=sum(cached for _, cached in prefills),
+            num_prefills=len(prefills),
+            decode_count=len(decode_contexts),
+            decode_context=sum(decode_contexts),
+        )
+
+    @classmethod
+    def prefill(cls, new: int, cached: int = 0) -> BatchShape:
+        return cls(new, attention_pairs(new, cached), cached, 1, 0, 0)
+
+    @classmethod
+    def decode(cls, batch: int, total_context: int) -> BatchShape:
+        return cls(decode_count=batch, decode_context=total_context)
+
+    @property
+    def tokens(self) -> int:
+        return self.prefill_tokens + self.decode_count
+
+    @property
+    def is_empty(self) -> bool:
+        return self.tokens == 0

@@ -1,0 +1,121 @@
+"""Latency metrics exactly as DESIGN.md defines them (vLLM's benchmark conventions).
+
+TTFT = first token − arrival; TPOT = (finish − first token) / (output tokens − 1), 0 for a single
+output token; queueing = prefill start − arrival; E2E = finish − arrival. A request attains its
+SLO only when TTFT and TPOT both meet their targets; failed requests never attain.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tropical.core.request import Request
+
+PERCENTILES = (50, 90, 99)
+
+
+def ttft(req: Request) -> float:
+    assert req.first_token is not None, f"request {req.id} has no first token"
+    return req.first_token - req.arrival
+
+
+def tpot(req: Request) -> float:
+    assert req.finish is not None and req.first_token is not None
+    if req.output_len <= 1:
+        return 0.0
+    return (req.finish - req.first_token) / (req.output_len - 1)
+
+
+def queueing(req: Request) -> float:
+    assert req.prefill_start is not None, f"request {req.id} never started its prefill"
+    return req.prefill_start - req.arrival
+
+
+def e2e(req: Request) -> float:
+    assert req.finish is not None
+    return req.finish - req.arrival
+
+
+def attains(req: Request) -> bool:
+    """Joint attainment: TTFT and TPOT within this request's own SLO."""
+    if req.error is not None or req.finish is None:
+        return False
+    return ttft(req) <= req.slo.ttft and tpot(req) <= req.slo.tpot
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """Percentiles of one metric over completed requests (NaN when there are none)."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Distribution:
+        if len(values) == 0:
+            return cls(float("nan"), float("nan"), float("nan"), float("nan"))
+        p50, p90, p99 = np.percentile(np.asarray(values, dtype=float), PERCENTILES)
+        return cls(float(p50), float(p90), float(p99), float(np.mean(values)))
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What one run of a workload achieved."""
+
+    requests: int
+    completed: int
+    failed: int
+    attainment: float
+    ttft: Distribution
+    tpot: Distribution
+    queueing: Distribution
+    e2e: Distribution
+    throughput_rps: float
+    output_tokens_per_s: float
+    paths: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float | int | dict[str, int]]:
+        """Flat keys (``ttft_p90_s``...) for JSON output and reports."""
+        flat: dict[str, float | int | dict[str, int]] = {
+            "requests": self.requests, "completed": self.completed, "failed": self.failed,
+            "attainment": self.attainment, "throughput_rps": self.throughput_rps,
+            "output_tokens_per_s": self.output_tokens_per_s, "paths": dict(self.paths),
+        }
+        for metric in ("ttft", "tpot", "queueing", "e2e"):
+            dist: Distribution = getattr(self, metric)
+            key = "queue" if metric == "queueing" else metric
+            for stat in ("p50", "p90", "p99", "mean"):
+                flat[f"{key}_{stat}_s"] = getattr(dist, stat)
+        return flat
+
+
+def summarize(requests: Sequence[Request]) -> Summary:
+    """Aggregate finished requests; unfinished or failed ones count against attainment."""
+    done = [r for r in requests if r.error is None and r.finish is not None]
+    span = _span(requests)
+    return Summary(
+        requests=len(requests),
+        completed=len(done),
+        failed=sum(r.error is not None for r in requests),
+        attainment=sum(map(attains, done)) / len(requests) if requests else 0.0,
+        ttft=Distribution.of([ttft(r) for r in done]),
+        tpot=Distribution.of([tpot(r) for r in done]),
+        queueing=Distribution.of([queueing(r) for r in done]),
+        e2e=Distribution.of([e2e(r) for r in done]),
+        throughput_rps=len(done) / span if span > 0 else 0.0,
+        output_tokens_per_s=sum(r.output_len for r in done) / span if span > 0 else 0.0,
+        paths=dict(Counter(r.path.value for r in requests)),
+    )
+
+
+def _span(requests: Sequence[Request]) -> float:
+    finishes = [r.finish for r in requests if r.finish is not None]
+    if not finishes:
+        return 0.0
+    return max(finishes) - min(r.arrival for r in requests)

@@ -1,0 +1,67 @@
+"""A request's life: what it asks for, where it ran, and when each milestone happened.
+
+Timestamps are plain floats on whatever clock the substrate runs (virtual in the simulator,
+monotonic seconds in the server), so metrics are computed the same way for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tropical.core.slo import SLO
+
+
+class Path(str, Enum):
+    """Where a request's prefill ran, the multiplexing toggle's decision."""
+
+    NONE = "none"
+    COLOCATED = "colocated"
+    PREFILL_WORKER = "prefill"
+    MULTIPLEX = "multiplex"
+    FALLBACK = "fallback"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One inference request. ``output_len`` is the number of tokens it will generate."""
+
+    id: int
+    arrival: float
+    prompt_len: int
+    output_len: int
+    slo: SLO
+    computed: int = 0
+    generated: int = 0
+    prefill_start: float | None = None
+    first_token: float | None = None
+    finish: float | None = None
+    path: Path = Path.NONE
+    reason: str = ""
+    prefill_worker: int | None = None
+    decode_worker: int | None = None
+    migration_time: float = 0.0
+    error: str | None = None
+    step_base: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1 or self.output_len < 1:
+            raise ValueError(f"request {self.id}: prompt and output lengths must be at least 1")
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV the request holds at its longest: prompt plus all but the last output."""
+        return self.prompt_len + self.output_len - 1
+
+    @property
+    def remaining_prompt(self) -> int:
+        return self.prompt_len - self.computed
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def fail(self, now: float, reason: str) -> None:
+        """End the request without output; it counts as missing its SLO."""
+        self.error = reason
+        self.finish = now

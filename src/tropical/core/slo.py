@@ -1,0 +1,44 @@
+"""Service-level objectives: per-request TTFT and TPOT targets, absolute or relative.
+
+The paper sets each request's TTFT SLO to a multiple of its light-load TTFT (its prefill alone on
+an idle worker) and we use the same scale for TPOT (one decode iteration alone at the request's
+context). Absolute targets in milliseconds override the scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """One request's targets, in seconds."""
+
+    ttft: float
+    tpot: float
+
+
+@dataclass(frozen=True, slots=True)
+class SLOSpec:
+    """How to derive a request's SLO: scales of its light-load latency, or absolute ms."""
+
+    ttft_scale: float = 5.0
+    tpot_scale: float = 5.0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_scale", "tpot_scale", "ttft_ms", "tpot_ms"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"SLO {name} must be positive, got {value}")
+
+    def resolve(self, prompt_len: int, reference: LatencyModel) -> SLO:
+        """This request's SLO, priced on ``reference`` (the cluster's reference replica)."""
+        ttft = (self.ttft_ms / 1e3 if self.ttft_ms is not None
+                else self.ttft_scale * prefill_time(reference, prompt_len))
+        tpot = (self.tpot_ms / 1e3 if self.tpot_ms is not None
+                else self.tpot_scale * decode_time(reference, 1, prompt_len))
+        return SLO(ttft=ttft, tpot=tpot)

@@ -1,0 +1,1 @@
+"""Pure scheduling: per-worker state and batch formation, dispatch and global policies."""

@@ -1,0 +1,23 @@
+"""Requests no worker could ever serve are refused up front rather than left to wait forever."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tropical.core.request import Request
+from tropical.sched.worker import WorkerState
+
+
+def admission_error(req: Request, workers: Sequence[WorkerState],
+                    max_context: int | None = None) -> str | None:
+    """Why ``req`` can never run on ``workers``, or None when some worker could hold it."""
+    if max_context is not None and req.prompt_len + req.output_len > max_context:
+        return (f"prompt of {req.prompt_len} plus {req.output_len} output tokens exceeds the "
+                f"context window of {max_context}")
+    live = [w for w in workers if w.alive]
+    if not any(w.role.takes_arrivals and w.kv.capacity_tokens >= w.kv_tokens_needed(req)
+               for w in live):
+        return f"prompt of {req.prompt_len} tokens exceeds every worker's KV cache"
+    if not any(w.role.decodes and w.kv.capacity_tokens >= req.kv_tokens for w in live):
+        return f"{req.kv_tokens} tokens of KV exceed every decoding worker's KV cache"
+    return None

@@ -1,0 +1,72 @@
+"""Per-worker batch formation, shared by the simulator and the engine.
+
+A batch is the worker's whole decoding set plus prefill spans (request, new tokens, cached
+tokens) taken first-come first-served under the rules' token budget and sequence cap. A prompt
+whose KV does not fit blocks the queue behind it (FCFS), so memory never over-commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tropical.core.latency.shape import BatchShape, attention_pairs
+from tropical.core.request import Request
+from tropical.sched.worker import WorkerState
+
+
+@dataclass(slots=True)
+class Batch:
+    """One iteration's work on one worker."""
+
+    prefills: list[tuple[Request, int, int]] = field(default_factory=list)
+    decode_count: int = 0
+    decode_context: int = 0
+
+    @property
+    def shape(self) -> BatchShape:
+        return BatchShape(
+            prefill_tokens=sum(new for _, new, _ in self.prefills),
+            prefill_pairs=sum(attention_pairs(new, cached) for _, new, cached in self.prefills),
+            prefill_cached=sum(cached for _, _, cached in self.prefills),
+            num_prefills=len(self.prefills),
+            decode_count=self.decode_count,
+            decode_context=self.decode_context,
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decode_count
+
+    @property
+    def decode_only(self) -> bool:
+        return not self.prefills and self.decode_count > 0
+
+
+def form_batch(worker: WorkerState) -> Batch:
+    """The next iteration's batch for ``worker`` under its rules (empty when it has no work)."""
+    rules = worker.rules
+    if rules.prefill_first:
+        prefills = take_prefills(worker, rules.token_budget, rules.max_seqs - worker.batch_size)
+        if prefills or not worker.role.decodes:
+            return Batch(prefills)
+        return Batch([], worker.batch_size, worker.decode_context)
+    decodes = worker.batch_size if worker.role.decodes else 0
+    prefills = take_prefills(worker, rules.token_budget - decodes, rules.max_seqs - decodes)
+    return Batch(prefills, decodes, worker.decode_context if decodes else 0)
+
+
+def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:
+    """Prefill spans from the head of the queue, reserving KV for each newly started prompt."""
+    spans: list[tuple[Request, int, int]] = []
+    for req in worker.waiting:
+        if seats <= 0 or budget <= 0 or not worker.reserve(req):
+            break
+        new = req.remaining_prompt
+        if new > budget:
+            if not worker.rules.chunked and spans:
+                break
+            new = budget if worker.rules.chunked else new
+        spans.append((req, new, req.computed))
+        budget -= new
+        seats -= 1
+    return spans

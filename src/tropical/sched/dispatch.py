@@ -1,0 +1,22 @@
+"""Load-balancing choices shared by every policy (InFaaS-style: fewest unfinished tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tropical.core.request import Request
+from tropical.sched.worker import WorkerState
+
+
+def fewest_unfinished(workers: Iterable[WorkerState]) -> WorkerState | None:
+    """The live worker with the least outstanding work (lowest id breaks ties)."""
+    live = [w for w in workers if w.alive]
+    return min(live, key=lambda w: (w.unfinished_tokens, w.id)) if live else None
+
+
+def decode_destination(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
+    """Where a prefilled request should decode: fewest unfinished tokens among those with room."""
+    return fewest_unfinished(
+        w for w in workers
+        if w.role.decodes and w.can_hold(req) and w.batch_size < w.rules.max_seqs
+    )

@@ -1,0 +1,70 @@
+"""The global-scheduler interface both substrates drive, and the decisions it returns.
+
+A policy never touches a clock or a socket: the simulator and the router call it on arrivals
+and iteration ends with the time and the workers' states, and apply the assignments it returns.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tropical.core.request import Path, Request
+from tropical.sched.dispatch import decode_destination
+from tropical.sched.rules import BatchRules, Role
+from tropical.sched.worker import WorkerState
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Prefill ``request`` on worker ``worker_id``; ``path`` and ``reason`` are recorded on it."""
+
+    request: Request
+    worker_id: int
+    path: Path
+    reason: str
+
+
+def apply(assignment: Assignment, workers: Sequence[WorkerState]) -> WorkerState:
+    """Hand the request to its worker and record the decision; returns the worker to wake."""
+    req, worker = assignment.request, workers[assignment.worker_id]
+    req.path, req.reason, req.prefill_worker = assignment.path, assignment.reason, worker.id
+    worker.enqueue(req)
+    return worker
+
+
+class Policy(ABC):
+    """A global scheduling policy over a fixed set of worker roles."""
+
+    name: str = "policy"
+
+    @abstractmethod
+    def roles(self, num_workers: int) -> list[Role]:
+        """The role of each worker for this policy on a cluster of ``num_workers``."""
+
+    @abstractmethod
+    def rules(self, role: Role) -> BatchRules:
+        """Batch-formation rules for a worker of ``role``."""
+
+    @abstractmethod
+    def on_arrival(self, req: Request, now: float,
+                   workers: Sequence[WorkerState]) -> list[Assignment]:
+        """Decide (now or later) where a new request's prefill runs."""
+
+    def on_iteration_end(self, worker: WorkerState, now: float,
+                         workers: Sequence[WorkerState]) -> list[Assignment]:
+        """Revisit held requests when a worker finishes an iteration; baselines hold none."""
+        return []
+
+    def wants_iteration_events(self) -> bool:
+        """True while the policy needs every iteration end (a simulator may skip them otherwise)."""
+        return False
+
+    def decode_worker(self, req: Request, workers: Sequence[WorkerState]) -> WorkerState | None:
+        """Where a request prefilled on a prefill worker decodes (None: no room yet, retry)."""
+        return decode_destination(req, workers)
+
+    def pending(self) -> int:
+        """Requests the policy holds that no worker has yet."""
+        return 0

@@ -1,0 +1,40 @@
+"""Policies by name, so the CLI, the simulator and the server build them the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
+from tropical.sched.policy import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyParams:
+    """Knobs shared by the policies; each uses the ones that apply to it."""
+
+    max_batched_tokens: int = 200_000
+    chunk_budget: int = 2048
+    max_seqs: int = 256
+    num_prefill: int | None = None
+
+
+_FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
+    "colocated": lambda p: ColocatedPolicy(p.max_batched_tokens, max_seqs=p.max_seqs),
+    "chunked": lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True,
+                                         chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
+    "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.num_prefill, p.max_seqs),
+}
+
+
+def policy_names() -> list[str]:
+    return list(_FACTORIES)
+
+
+def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
+    """A fresh policy object (policies hold per-run state, so never share one between runs)."""
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)}") from None
+    return factory(params or PolicyParams())

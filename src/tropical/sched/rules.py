@@ -1,0 +1,43 @@
+"""Batch-formation rules: what distinguishes vLLM, chunked prefill and disaggregated roles.
+
+One mechanism, different numbers (vLLM v1's lesson): a batch is decodes plus prefill spans under
+a token budget; the rules say which goes first, whether prompts may be split, and whether the
+worker decodes at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(str, Enum):
+    """A worker's job in the cluster."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MULTIPLEX = "multiplex"
+    COLOCATED = "colocated"
+
+    @property
+    def decodes(self) -> bool:
+        return self is not Role.PREFILL
+
+    @property
+    def takes_arrivals(self) -> bool:
+        """Can a fresh request be prefilled here (decode workers only receive migrations)?"""
+        return self is not Role.DECODE
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRules:
+    """How one worker forms each iteration's batch."""
+
+    prefill_first: bool = False
+    chunked: bool = False
+    token_budget: int = 2048
+    max_seqs: int = 256
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 1 or self.max_seqs < 1:
+            raise ValueError("token_budget and max_seqs must be at least 1")

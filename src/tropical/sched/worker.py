@@ -1,0 +1,168 @@
+"""One worker's scheduling state: its queue, its decoding batch, its KV pool, its load.
+
+Decode progress is kept lazily: a worker counts its decode iterations (``steps``) and a request
+remembers the step it joined at, so advancing a whole batch by n iterations is O(1) plus one heap
+pop per finishing request. The simulator advances runs of iterations in closed form; the engine
+advances one at a time. Both call the same methods.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from tropical.core.latency.model import LatencyModel
+from tropical.core.request import Request
+from tropical.sched.kv import KVPool
+from tropical.sched.rules import BatchRules, Role
+
+
+@dataclass(slots=True, eq=False)
+class WorkerState:
+    """What the policy sees of a worker and what batch formation consumes."""
+
+    id: int
+    role: Role
+    rules: BatchRules
+    kv: KVPool
+    latency: LatencyModel
+    waiting: deque[Request] = field(default_factory=deque)
+    inbox: list[Request] = field(default_factory=list)
+    running: dict[int, Request] = field(default_factory=dict)
+    holds: dict[int, int] = field(default_factory=dict)
+    steps: int = 0
+    decode_context: int = 0
+    running_remaining: int = 0
+    waiting_tokens: int = 0
+    incoming_tokens: int = 0
+    busy_until: float = 0.0
+    last_iteration_time: float = 0.0
+    alive: bool = True
+    _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
+
+    @property
+    def unfinished_tokens(self) -> int:
+        """Prompt tokens still to prefill plus output tokens still to generate, all assigned work."""
+        return self.waiting_tokens + self.running_remaining + self.incoming_tokens
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.running)
+
+    def generated(self, req: Request) -> int:
+        """Output tokens ``req`` has so far; exact even in the middle of a lazy decode run."""
+        return self.steps - req.step_base if req.id in self.running else req.generated
+
+    def kv_tokens_needed(self, req: Request) -> int:
+        """A prefill-only worker holds the prompt; a decoding worker the whole lifetime's KV."""
+        return req.kv_tokens if self.role.decodes else req.prompt_len
+
+    def can_hold(self, req: Request, watermark: float = 1.0) -> bool:
+        return self.kv.fits(self.kv_tokens_needed(req), watermark)
+
+    def reserve(self, req: Request, tokens: int | None = None) -> bool:
+        """Reserve ``req``'s KV here if it fits; False leaves everything unchanged."""
+        tokens = self.kv_tokens_needed(req) if tokens is None else tokens
+        if req.id in self.holds or not self.kv.fits(tokens):
+            return req.id in self.holds
+        self.holds[req.id] = self.kv.reserve(tokens)
+        return True
+
+    def release(self, req: Request) -> None:
+        self.kv.release(self.holds.pop(req.id, 0))
+
+    def enqueue(self, req: Request) -> None:
+        """Accept a request whose prompt this worker will prefill."""
+        self.waiting.append(req)
+        self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+
+    def expect_migration(self, req: Request) -> None:
+        """Reserve room for a request whose KV is on its way here."""
+        if not self.reserve(req):
+            raise MemoryError(f"worker {self.id} has no room for request {req.id}")
+        self.incoming_tokens += req.output_len - req.generated
+
+    def join(self, req: Request) -> None:
+        """Start decoding ``req`` here (after its prefill, or when its migrated KV arrives)."""
+        if req.id not in self.holds:
+            raise RuntimeError(f"request {req.id} joins worker {self.id} without reserved KV")
+        req.step_base = self.steps - req.generated
+        req.decode_worker = self.id
+        self.running[req.id] = req
+        self.decode_context += req.prompt_len + req.generated
+        self.running_remaining += req.output_len - req.generated
+        heapq.heappush(self._finishes, (req.step_base + req.output_len, req.id, req))
+
+    def arrive_migrated(self, req: Request) -> None:
+        """Migrated KV has landed; the request joins the batch at the next iteration boundary."""
+        self.inbox.append(req)
+
+    def admit_inbox(self) -> None:
+        """Join every landed request; call only between iterations."""
+        for req in self.inbox:
+            self.incoming_tokens -= req.output_len - req.generated
+            self.join(req)
+        self.inbox.clear()
+
+    def steps_to_next_finish(self) -> int:
+        """Decode iterations until the earliest running request finishes (0 if none runs)."""
+        return self._finishes[0][0] - self.steps if self._finishes else 0
+
+    def advance_decodes(self, n: int, now: float) -> list[Request]:
+        """Account for n decode iterations of the whole running batch ending at ``now``."""
+        batch = len(self.running)
+        assert n >= 1 and batch, "advancing an empty decode batch"
+        assert n <= self.steps_to_next_finish(), "a decode run must not skip past a finish"
+        self.steps += n
+        self.decode_context += n * batch
+        self.running_remaining -= n * batch
+        finished = []
+        while self._finishes and self._finishes[0][0] <= self.steps:
+            _, _, req = heapq.heappop(self._finishes)
+            del self.running[req.id]
+            self.decode_context -= req.prompt_len + req.output_len
+            req.generated = req.output_len
+            req.finish = now
+            self.release(req)
+            finished.append(req)
+        return finished
+
+    def complete_prefill(self, req: Request, new: int, now: float) -> bool:
+        """Record ``new`` prompt tokens computed; True when the whole prompt is done.
+
+        A finished prompt yields the first token now. On a decoding worker the request then
+        decodes in place; on a prefill worker it waits for migration (the caller's job).
+        """
+        req.computed += new
+        self.waiting_tokens -= new
+        if req.computed < req.prompt_len:
+            return False
+        self.waiting.remove(req)
+        req.first_token = now
+        req.generated = 1
+        if self.role.decodes:
+            self.waiting_tokens -= req.output_len - 1
+            if req.output_len == 1:
+                req.finish = now
+                self.release(req)
+            else:
+                self.join(req)
+        elif req.output_len == 1:
+            req.finish = now
+            self.release(req)
+        return True
+
+    def abort(self, req: Request) -> None:
+        """Drop ``req`` from this worker wherever it is, freeing its KV."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+        if req.id in self.running:
+            req.generated = self.generated(req)
+            del self.running[req.id]
+            self.decode_context -= req.prompt_len + req.generated
+            self.running_remaining -= req.output_len - req.generated
+            self._finishes = [f for f in self._finishes if f[2] is not req]
+            heapq.heapify(self._finishes)
+        self.release(req)

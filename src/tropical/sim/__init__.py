@@ -1,0 +1,1 @@
+"""Discrete-event cluster simulator driving the sched policies on a virtual clock."""

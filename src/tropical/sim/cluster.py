@@ -1,0 +1,73 @@
+"""Cluster descriptions: which replicas exist, on what GPUs, priced by which latency model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tropical.core.latency.model import LatencyModel
+from tropical.core.specs import ReplicaSpec, hardware
+from tropical.models import load_model_spec
+from tropical.sched.kv import KVPool
+from tropical.sched.policy import Policy
+from tropical.sched.worker import WorkerState
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """One replica, the latency model that prices its iterations, and optionally a KV size."""
+
+    replica: ReplicaSpec
+    latency: LatencyModel
+    kv_tokens: int | None = None
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.replica.kv_capacity_tokens if self.kv_tokens is None else self.kv_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """Workers in order; the first is the reference replica SLOs are priced on."""
+
+    name: str
+    workers: tuple[WorkerSpec, ...]
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if len(self.workers) < 1:
+            raise ValueError("a cluster needs at least one worker")
+
+    @property
+    def reference(self) -> LatencyModel:
+        return self.workers[0].latency
+
+    @property
+    def max_context(self) -> int:
+        return min(w.replica.model.max_context for w in self.workers)
+
+    def build(self, policy: Policy) -> list[WorkerState]:
+        """Fresh worker states with the policy's roles and batch rules."""
+        roles = policy.roles(len(self.workers))
+        return [
+            WorkerState(i, role, policy.rules(role),
+                        KVPool.for_tokens(spec.kv_capacity_tokens, self.block_size),
+                        spec.latency)
+            for i, (spec, role) in enumerate(zip(self.workers, roles, strict=True))
+        ]
+
+
+LatencyFactory = Callable[[ReplicaSpec], LatencyModel]
+
+
+def homogeneous(name: str, model: str, gpu: str, tp: int, num_workers: int,
+                latency: LatencyFactory, memory_utilization: float = 0.9) -> ClusterSpec:
+    """``num_workers`` identical replicas of ``model`` on ``tp`` GPUs each."""
+    replica = ReplicaSpec(load_model_spec(model), hardware(gpu), tp, memory_utilization)
+    spec = WorkerSpec(replica, latency(replica))
+    return ClusterSpec(name, (spec,) * num_workers)
+
+
+def paper_cluster(latency: LatencyFactory) -> ClusterSpec:
+    """DESIGN.md's setup: InternLM2-20B on 8 A100-80GB as 4 workers of TP=2 over NVLink."""
+    return homogeneous("paper", "internlm2-20b", "a100-80gb", tp=2, num_workers=4, latency=latency)

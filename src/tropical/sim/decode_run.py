@@ -1,0 +1,76 @@
+"""A run of consecutive decode-only iterations priced in closed form.
+
+With decode time = a + b·ΣC and every request adding one token of context per iteration, the
+k-th iteration of a batch of B costs a + b·(C₀ + k·B). The run's duration is an arithmetic
+series, and the iteration boundary at or after any time is a quadratic root: O(1) per run,
+whatever its length or batch size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tropical.sched.worker import WorkerState
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """``steps`` iterations of a fixed batch of ``batch`` starting at total context ``context``."""
+
+    steps: int
+    batch: int
+    context: int
+    intercept: float
+    slope: float
+
+    @classmethod
+    def start(cls, worker: WorkerState, steps: int) -> DecodeRun:
+        intercept, slope = worker.latency.decode_line(worker.batch_size)
+        return cls(steps, worker.batch_size, worker.decode_context, intercept, slope)
+
+    def elapsed(self, k: int) -> float:
+        """Time for the first k iterations."""
+        first = self.intercept + self.slope * self.context
+        return k * first + self.slope * self.batch * k * (k - 1) / 2
+
+    @property
+    def duration(self) -> float:
+        return self.elapsed(self.steps)
+
+    def iteration(self, k: int) -> float:
+        """Duration of the k-th iteration (from 1)."""
+        return self.intercept + self.slope * (self.context + (k - 1) * self.batch)
+
+    @property
+    def last_iteration(self) -> float:
+        return self.iteration(self.steps)
+
+    def completed_by(self, offset: float) -> int:
+        """Iterations finished within ``offset`` of the start, short of the run's last one."""
+        boundary = self._first_boundary(offset)
+        done = boundary if self.elapsed(boundary) <= offset else boundary - 1
+        return min(self.steps - 1, done)
+
+    def rest_after(self, k: int) -> DecodeRun:
+        """The remainder of the run once its first k iterations are booked."""
+        return DecodeRun(self.steps - k, self.batch, self.context + k * self.batch,
+                         self.intercept, self.slope)
+
+    def cut_at(self, offset: float) -> DecodeRun:
+        """The run shortened to the first iteration boundary at or after ``offset`` from start."""
+        k = min(self.steps, max(1, self._first_boundary(offset)))
+        return DecodeRun(k, self.batch, self.context, self.intercept, self.slope)
+
+    def _first_boundary(self, offset: float) -> int:
+        half = self.slope * self.batch / 2
+        linear = self.intercept + self.slope * self.context - half
+        if half > 0:
+            k = math.ceil((-linear + math.sqrt(linear * linear + 4 * half * offset)) / (2 * half))
+        else:
+            k = math.ceil(offset / linear) if linear > 0 else 1
+        while k > 1 and self.elapsed(k - 1) >= offset:
+            k -= 1
+        while self.elapsed(k) < offset:
+            k += 1
+        return k

@@ -1,0 +1,93 @@
+"""One simulated experiment: a trace through a cluster under a policy, summarized."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from tropical.core.metrics import Summary, summarize
+from tropical.core.request import Request
+from tropical.core.slo import SLO, SLOSpec
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rules import Role
+from tropical.sim.cluster import ClusterSpec
+from tropical.sim.simulator import Simulator, WorkerStats
+from tropical.workload.trace import Trace
+from tropical.workload.transform import scale_rate
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Everything a run depends on; runs of one Experiment are identical."""
+
+    trace: Trace
+    cluster: ClusterSpec
+    policy: str
+    params: PolicyParams = field(default_factory=PolicyParams)
+    slo: SLOSpec = field(default_factory=SLOSpec)
+    rate_scale: float = 1.0
+
+    def at_rate(self, rate_scale: float) -> Experiment:
+        return replace(self, rate_scale=rate_scale)
+
+    def with_policy(self, policy: str) -> Experiment:
+        return replace(self, policy=policy)
+
+
+@dataclass
+class SimResult:
+    """A finished run: its summary, its requests (with their timestamps) and per-worker stats."""
+
+    experiment: Experiment
+    summary: Summary
+    requests: list[Request]
+    roles: list[Role]
+    worker_stats: list[WorkerStats]
+    sim_wall_s: float
+
+    def as_dict(self) -> dict:
+        """The CLI's JSON object."""
+        return {
+            "policy": self.experiment.policy,
+            "trace": self.experiment.trace.name,
+            "cluster": self.experiment.cluster.name,
+            "rate_scale": self.experiment.rate_scale,
+            "rate_rps": self.experiment.rate_scale * self.experiment.trace.mean_rate,
+            **self.summary.as_dict(),
+            "workers": [
+                {"role": role.value, "busy_fraction": s.busy / max(self.span, 1e-12),
+                 "iterations": s.iterations, "prefill_tokens": s.prefill_tokens}
+                for role, s in zip(self.roles, self.worker_stats, strict=True)
+            ],
+            "sim_wall_s": self.sim_wall_s,
+        }
+
+    @property
+    def span(self) -> float:
+        finishes = [r.finish for r in self.requests if r.finish is not None]
+        return max(finishes) - self.requests[0].arrival if finishes else 0.0
+
+
+def request_slos(exp: Experiment) -> list[SLO]:
+    """Each trace entry's SLO, priced on the cluster's reference replica."""
+    ref = exp.cluster.reference
+    return [exp.slo.resolve(e.input_len, ref) for e in exp.trace.entries]
+
+
+def make_requests(exp: Experiment) -> list[Request]:
+    trace = scale_rate(exp.trace, exp.rate_scale)
+    return [Request(i, e.arrival, e.input_len, e.output_len, slo)
+            for i, (e, slo) in enumerate(zip(trace.entries, request_slos(exp), strict=True))]
+
+
+def simulate(exp: Experiment) -> SimResult:
+    """Run ``exp`` once and summarize it."""
+    policy = make_policy(exp.policy, exp.params)
+    workers = exp.cluster.build(policy)
+    requests = make_requests(exp)
+    started = time.perf_counter()
+    sim = Simulator(workers, policy, requests, exp.cluster.max_context)
+    sim.run()
+    wall = time.perf_counter() - started
+    return SimResult(exp, summarize(requests), requests, [w.role for w in workers],
+                     sim.stats, wall)

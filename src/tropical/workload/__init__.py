@@ -1,0 +1,1 @@
+"""Workloads: trace loading, rate scaling and slicing."""

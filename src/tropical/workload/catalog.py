@@ -1,0 +1,51 @@
+"""Resolve a trace by built-in name or file path, so callers need not know file formats."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+from importlib.resources import as_file, files
+from pathlib import Path
+
+from tropical.workload.loaders import PathLike, TraceError, load_csv, load_mooncake
+from tropical.workload.trace import Trace
+
+# Built-in name -> gzipped file shipped in tropical/data/traces (see ATTRIBUTION.md there).
+BUILTIN_TRACES: dict[str, str] = {
+    "conversation": "conversation_trace.jsonl.gz",
+    "synthetic": "synthetic_trace.jsonl.gz",
+    "azure-code": "AzureLLMInferenceTrace_code.csv.gz",
+}
+
+
+def load_trace(name_or_path: str | PathLike, *, rate: float | None = None, seed: int = 0) -> Trace:
+    """A built-in trace by name, else a trace file chosen by suffix (.jsonl or .csv, maybe .gz).
+
+    ``rate`` and ``seed`` give Poisson arrivals to a length-only CSV; other formats ignore them.
+    Built-in names take precedence over same-named files.
+    """
+    if name_or_path in BUILTIN_TRACES:
+        return _load_builtin(name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise TraceError(
+            f"{name_or_path}: no such built-in trace or file"
+            f" (built-in traces: {', '.join(BUILTIN_TRACES)})"
+        )
+    return _load_file(path, rate, seed)
+
+
+@cache
+def _load_builtin(name: str) -> Trace:
+    """Cached: sweeps load the same built-in trace many times, and Traces are immutable."""
+    with as_file(files("tropical") / "data" / "traces" / BUILTIN_TRACES[name]) as path:
+        return replace(_load_file(path, None, 0), name=name)
+
+
+def _load_file(path: Path, rate: float | None, seed: int) -> Trace:
+    name = path.name.lower().removesuffix(".gz")
+    if name.endswith(".jsonl"):
+        return load_mooncake(path)
+    if name.endswith(".csv"):
+        return load_csv(path, rate, seed)
+    raise TraceError(f"{path}: unknown trace format; expected .jsonl or .csv (optionally .gz)")

@@ -1,0 +1,35 @@
+"""A trace: requests as (arrival, prompt length, output length), independent of its file format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """One request of a trace. ``arrival`` is seconds from the trace's first request."""
+
+    arrival: float
+    input_len: int
+    output_len: int
+    prefix_blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """An ordered list of entries with the name it was loaded under."""
+
+    name: str
+    entries: tuple[TraceEntry, ...] = field(default_factory=tuple)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def duration(self) -> float:
+        return self.entries[-1].arrival - self.entries[0].arrival if self.entries else 0.0
+
+    @property
+    def mean_rate(self) -> float:
+        """Requests per second over the trace's span (0 for fewer than two distinct arrivals)."""
+        return len(self.entries) / self.duration if self.duration > 0 else 0.0

@@ -1,0 +1,80 @@
+"""Pure reshaping of a Trace (request rate, lengths, slicing) so sweeps reuse one loaded trace."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import replace
+
+from tropical.workload.trace import Trace, TraceEntry
+
+
+def scale_rate(trace: Trace, rate_scale: float) -> Trace:
+    """The same requests arriving ``rate_scale`` times as often (arrivals divided by it)."""
+    _check_positive("rate_scale", rate_scale)
+    entries = tuple(replace(e, arrival=e.arrival / rate_scale) for e in trace.entries)
+    return replace(trace, entries=entries)
+
+
+def scale_lengths(trace: Trace, length_scale: float) -> Trace:
+    """Input and output lengths times ``length_scale``, rounded, at least 1.
+
+    Prefix blocks are dropped when the scale is not 1: they describe the original prompt's
+    tokens, and keeping them would claim cache hits for tokens that no longer exist.
+    """
+    _check_positive("length_scale", length_scale)
+    if length_scale == 1:
+        return trace
+    entries = tuple(
+        replace(
+            e,
+            input_len=_scaled(e.input_len, length_scale),
+            output_len=_scaled(e.output_len, length_scale),
+            prefix_blocks=(),
+        )
+        for e in trace.entries
+    )
+    return replace(trace, entries=entries)
+
+
+def take(
+    trace: Trace,
+    limit: int | None = None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+) -> Trace:
+    """The first ``limit`` requests arriving in ``[start_s, end_s)``, re-based to start at 0.
+
+    Assumes entries sorted by arrival, as every loader guarantees.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if start_s is not None and end_s is not None and end_s < start_s:
+        raise ValueError(f"end_s ({end_s}) is before start_s ({start_s})")
+    entries = trace.entries
+    lo = 0 if start_s is None else bisect_left(entries, start_s, key=_arrival)
+    hi = len(entries) if end_s is None else bisect_left(entries, end_s, key=_arrival)
+    if limit is not None:
+        hi = min(hi, lo + limit)
+    return replace(trace, entries=_rebased(entries[lo:hi]))
+
+
+def _rebased(entries: tuple[TraceEntry, ...]) -> tuple[TraceEntry, ...]:
+    """Entries shifted so the first arrives at 0."""
+    if not entries or entries[0].arrival == 0:
+        return entries
+    first = entries[0].arrival
+    return tuple(replace(e, arrival=e.arrival - first) for e in entries)
+
+
+def _arrival(entry: TraceEntry) -> float:
+    return entry.arrival
+
+
+def _scaled(length: int, scale: float) -> int:
+    return max(1, round(length * scale))
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

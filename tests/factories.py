@@ -1,0 +1,30 @@
+"""Builders for tests: a small, exactly known latency model, requests and workers."""
+
+from __future__ import annotations
+
+from tropical.core.latency.fitted import FittedModel
+from tropical.core.request import Request
+from tropical.core.slo import SLO
+from tropical.sched.kv import KVPool
+from tropical.sched.rules import BatchRules, Role
+from tropical.sched.worker import WorkerState
+
+
+def linear_model(**overrides: float) -> FittedModel:
+    """Round numbers: 10 ms + 0.1 ms/token prefill, 5 ms + 1 µs/context + 0.1 ms/seq decode."""
+    coeffs = dict(prefill_intercept=0.01, prefill_per_token=1e-4, prefill_per_pair=1e-8,
+                  decode_intercept=0.005, decode_per_context=1e-6, decode_per_seq=1e-4,
+                  kv_bytes_per_token=1000.0, transfer_bandwidth=1e9, transfer_latency=1e-3)
+    coeffs.update(overrides)
+    return FittedModel(**coeffs)
+
+
+def make_request(rid: int = 0, arrival: float = 0.0, prompt: int = 100, output: int = 10,
+                 ttft: float = 1.0, tpot: float = 0.1) -> Request:
+    return Request(rid, arrival, prompt, output, SLO(ttft, tpot))
+
+
+def make_worker(role: Role = Role.COLOCATED, rules: BatchRules | None = None,
+                kv_tokens: int = 100_000, wid: int = 0) -> WorkerState:
+    return WorkerState(wid, role, rules or BatchRules(), KVPool.for_tokens(kv_tokens),
+                       linear_model())

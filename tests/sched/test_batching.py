@@ -1,0 +1,80 @@
+from tests.factories import make_request, make_worker
+from tropical.core.latency.shape import attention_pairs
+from tropical.sched.batching import form_batch
+from tropical.sched.rules import BatchRules, Role
+
+CHUNKED = BatchRules(prefill_first=False, chunked=True, token_budget=2048)
+COLOCATED = BatchRules(prefill_first=True, token_budget=100_000)
+
+
+def decoding_worker(rules, n_decoding=3):
+    worker = make_worker(rules=rules)
+    for i in range(n_decoding):
+        req = make_request(100 + i, output=50)
+        worker.enqueue(req)
+        worker.reserve(req)
+        worker.complete_prefill(req, req.prompt_len, now=0.0)
+    return worker
+
+
+def test_colocated_runs_waiting_prefills_alone_first():
+    worker = decoding_worker(COLOCATED)
+    worker.enqueue(make_request(1, prompt=500))
+    batch = form_batch(worker)
+    assert [(r.id, new, cached) for r, new, cached in batch.prefills] == [(1, 500, 0)]
+    assert batch.decode_count == 0
+
+
+def test_colocated_decodes_when_no_prefill_waits():
+    batch = form_batch(decoding_worker(COLOCATED))
+    assert batch.decode_only and batch.decode_count == 3
+
+
+def test_chunked_puts_decodes_first_then_chunks_under_the_budget():
+    worker = decoding_worker(CHUNKED)
+    worker.enqueue(make_request(1, prompt=5000))
+    batch = form_batch(worker)
+    assert batch.decode_count == 3
+    assert [(new, cached) for _, new, cached in batch.prefills] == [(2045, 0)]
+
+
+def test_chunked_prefill_attention_cost_grows_with_cached_tokens():
+    worker = make_worker(rules=CHUNKED)
+    req = make_request(1, prompt=6000, output=2)
+    worker.enqueue(req)
+    shapes = []
+    while req.first_token is None:
+        batch = form_batch(worker)
+        shapes.append(batch.shape)
+        for r, new, _ in batch.prefills:
+            worker.complete_prefill(r, new, now=0.0)
+    assert [s.prefill_cached for s in shapes] == [0, 2048, 4096]
+    assert shapes[1].prefill_pairs == attention_pairs(2048, 2048)
+    pairs = [s.prefill_pairs for s in shapes[:2]]
+    assert pairs[1] > pairs[0]
+    times = [worker.latency.iteration_time(s) for s in shapes[:2]]
+    assert times[1] > times[0]
+
+
+def test_prompt_that_does_not_fit_blocks_the_queue_behind_it():
+    worker = make_worker(rules=COLOCATED, kv_tokens=1000)
+    worker.enqueue(make_request(1, prompt=990, output=20))
+    worker.enqueue(make_request(2, prompt=10, output=2))
+    assert form_batch(worker).is_empty
+    assert worker.kv.used_blocks == 0
+
+
+def test_sequence_cap_limits_new_prefills():
+    worker = decoding_worker(BatchRules(prefill_first=False, token_budget=10_000, max_seqs=4))
+    for i in range(3):
+        worker.enqueue(make_request(10 + i, prompt=10))
+    assert len(form_batch(worker).prefills) == 1
+
+
+def test_prefill_worker_batches_prompts_up_to_its_budget():
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, token_budget=250))
+    for i in range(4):
+        worker.enqueue(make_request(i, prompt=100))
+    batch = form_batch(worker)
+    assert [r.id for r, _, _ in batch.prefills] == [0, 1]
+    assert batch.decode_count == 0

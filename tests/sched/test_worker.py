@@ -1,0 +1,83 @@
+import pytest
+
+from tests.factories import make_request, make_worker
+from tropical.sched.rules import Role
+
+
+def test_lazy_decode_tracks_each_request_exactly():
+    worker = make_worker()
+    short, long = make_request(0, output=3), make_request(1, output=6)
+    for req in (short, long):
+        worker.enqueue(req)
+        worker.reserve(req)
+        worker.complete_prefill(req, req.prompt_len, now=0.0)
+    assert worker.batch_size == 2 and worker.decode_context == 2 * 101
+    assert worker.steps_to_next_finish() == 2
+    assert worker.advance_decodes(2, now=1.0) == [short]
+    assert short.finish == 1.0 and short.generated == 3
+    assert worker.generated(long) == 3
+    assert worker.decode_context == 100 + 3
+    assert worker.running_remaining == 3
+
+
+def test_a_run_may_not_skip_past_a_finish():
+    worker = make_worker()
+    req = make_request(output=3)
+    worker.enqueue(req)
+    worker.reserve(req)
+    worker.complete_prefill(req, 100, now=0.0)
+    with pytest.raises(AssertionError):
+        worker.advance_decodes(3, now=1.0)
+
+
+def test_finishing_frees_kv_and_load():
+    worker = make_worker()
+    req = make_request(output=2)
+    worker.enqueue(req)
+    assert worker.unfinished_tokens == 100 + 1
+    worker.reserve(req)
+    used = worker.kv.used_blocks
+    assert used == worker.kv.blocks_for(req.kv_tokens)
+    worker.complete_prefill(req, 100, now=0.0)
+    worker.advance_decodes(1, now=0.1)
+    assert worker.kv.used_blocks == 0 and worker.unfinished_tokens == 0
+
+
+def test_prefill_worker_holds_only_the_prompt_and_keeps_request_for_migration():
+    worker = make_worker(Role.PREFILL)
+    req = make_request(output=5)
+    worker.enqueue(req)
+    worker.reserve(req)
+    assert worker.kv.used_blocks == worker.kv.blocks_for(100)
+    assert worker.complete_prefill(req, 100, now=0.5)
+    assert req.first_token == 0.5 and req.generated == 1 and not worker.running
+
+
+def test_abort_mid_decode_frees_everything():
+    worker = make_worker()
+    req = make_request(output=10)
+    worker.enqueue(req)
+    worker.reserve(req)
+    worker.complete_prefill(req, 100, now=0.0)
+    worker.advance_decodes(4, now=1.0)
+    worker.abort(req)
+    assert worker.kv.used_blocks == 0 and worker.decode_context == 0
+    assert worker.running_remaining == 0 and req.generated == 5
+
+
+def test_reserve_that_does_not_fit_changes_nothing():
+    worker = make_worker(kv_tokens=160)
+    req = make_request(prompt=150, output=20)
+    assert not worker.reserve(req)
+    assert worker.kv.used_blocks == 0 and not worker.holds
+
+
+def test_migrated_request_joins_only_when_admitted():
+    worker = make_worker(Role.DECODE)
+    req = make_request(output=5)
+    req.generated = 1
+    worker.expect_migration(req)
+    worker.arrive_migrated(req)
+    assert worker.batch_size == 0
+    worker.admit_inbox()
+    assert worker.batch_size == 1 and worker.incoming_tokens == 0

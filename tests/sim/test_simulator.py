@@ -1,0 +1,139 @@
+"""The simulator's invariants on small workloads, across every baseline policy."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.factories import linear_model, make_request
+from tropical.core.latency.model import decode_time, prefill_time
+from tropical.core.specs import ReplicaSpec, hardware
+from tropical.models import load_model_spec
+from tropical.sched.kv import KVPool
+from tropical.sched.registry import make_policy, policy_names
+from tropical.sim.cluster import ClusterSpec, WorkerSpec
+from tropical.sim.simulator import Simulator
+
+REPLICA = ReplicaSpec(load_model_spec("llama-2-7b"), hardware("a100"), tp=1)
+
+
+def cluster(num_workers=4, kv_tokens=50_000, model=None):
+    spec = WorkerSpec(REPLICA, model or linear_model(), kv_tokens)
+    return ClusterSpec("test", (spec,) * num_workers)
+
+
+def run(policy_name, requests, cl=None):
+    policy = make_policy(policy_name)
+    workers = (cl or cluster()).build(policy)
+    sim = Simulator(workers, policy, requests)
+    sim.run()
+    return sim
+
+
+def workload(seed_lengths):
+    return [make_request(i, arrival=0.05 * i, prompt=p, output=o)
+            for i, (p, o) in enumerate(seed_lengths)]
+
+
+lengths = st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 60)), min_size=1, max_size=40)
+
+
+@pytest.mark.parametrize("policy", policy_names())
+@settings(max_examples=25, deadline=None)
+@given(lengths)
+def test_every_request_finishes_once_with_all_its_tokens(policy, spans):
+    requests = workload(spans)
+    sim = run(policy, requests)
+    for req in requests:
+        assert req.error is None
+        assert req.generated == req.output_len
+        assert req.arrival <= req.prefill_start <= req.first_token <= req.finish
+    assert all(w.kv.used_blocks == 0 and not w.running and not w.waiting for w in sim.workers)
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_kv_usage_never_exceeds_capacity_under_memory_pressure(policy, monkeypatch):
+    peaks = []
+    original = KVPool.reserve
+
+    def watched(self, tokens):
+        blocks = original(self, tokens)
+        peaks.append(self.used_blocks / self.capacity_blocks)
+        return blocks
+
+    monkeypatch.setattr(KVPool, "reserve", watched)
+    requests = [make_request(i, arrival=0.0, prompt=1500, output=200) for i in range(30)]
+    run(policy, requests, cluster(kv_tokens=4000))
+    assert all(r.generated == r.output_len for r in requests)
+    assert max(peaks) <= 1.0 and max(peaks) > 0.7
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_simulation_is_deterministic(policy):
+    spans = [(100 + 37 * i % 2000, 1 + 7 * i % 50) for i in range(60)]
+    first, second = workload(spans), workload(spans)
+    run(policy, first)
+    run(policy, second)
+    assert [(r.first_token, r.finish) for r in first] == [(r.first_token, r.finish) for r in second]
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_closed_form_decode_runs_match_iteration_by_iteration(policy, monkeypatch):
+    spans = [(200 + 53 * i % 1500, 2 + 11 * i % 70) for i in range(40)]
+    fast, slow = workload(spans), workload(spans)
+    run(policy, fast)
+    cls = type(make_policy(policy))
+    monkeypatch.setattr(cls, "wants_iteration_events", lambda self: True)
+    run(policy, slow)
+    for a, b in zip(fast, slow, strict=True):
+        assert a.first_token == pytest.approx(b.first_token, abs=1e-9)
+        assert a.finish == pytest.approx(b.finish, abs=1e-9)
+
+
+def test_colocated_single_request_matches_hand_computation():
+    model = linear_model()
+    req = make_request(prompt=1000, output=4)
+    run("colocated", [req])
+    first = prefill_time(model, 1000)
+    decodes = sum(decode_time(model, 1, 1000 + g) for g in (1, 2, 3))
+    assert req.first_token == pytest.approx(first)
+    assert req.finish == pytest.approx(first + decodes)
+
+
+def test_disagg_pays_the_kv_transfer_before_decoding():
+    model = linear_model()
+    req = make_request(prompt=1000, output=3)
+    sim = run("disagg", [req])
+    transfer = model.transfer_time(1000)
+    assert req.migration_time == pytest.approx(transfer)
+    assert req.first_token == pytest.approx(prefill_time(model, 1000))
+    decodes = decode_time(model, 1, 1001) + decode_time(model, 1, 1002)
+    assert req.finish == pytest.approx(req.first_token + transfer + decodes)
+    assert req.prefill_worker in (0, 1) and req.decode_worker in (2, 3)
+    assert sim.stats[req.decode_worker].iterations == 2
+
+
+def test_request_larger_than_any_kv_cache_fails_with_a_reason():
+    req = make_request(prompt=60_000, output=5)
+    ok = make_request(1, prompt=100, output=5)
+    run("colocated", [req, ok])
+    assert "KV cache" in req.error and ok.error is None
+
+
+def test_prompt_beyond_the_context_window_fails():
+    req = make_request(prompt=5000, output=5)
+    policy = make_policy("chunked")
+    Simulator(cluster().build(policy), policy, [req], max_context=4096).run()
+    assert "context window" in req.error
+
+
+def test_workers_may_differ_in_speed():
+    slow, fast = linear_model(), linear_model(prefill_per_token=1e-5)
+    spec_slow, spec_fast = WorkerSpec(REPLICA, slow, 50_000), WorkerSpec(REPLICA, fast, 50_000)
+    cl = ClusterSpec("mixed", (spec_fast, spec_slow))
+    a, b = make_request(0, prompt=2000, output=2), make_request(1, prompt=2000, output=2)
+    run("colocated", [a, b], cl)
+    assert a.first_token == pytest.approx(prefill_time(fast, 2000))
+    assert b.first_token == pytest.approx(prefill_time(slow, 2000))
+    assert replace(spec_fast, kv_tokens=None).kv_capacity_tokens == REPLICA.kv_capacity_tokens

@@ -1,0 +1,80 @@
+"""Rate and length scaling and slicing: pure, and arrivals stay re-based."""
+
+from __future__ import annotations
+
+import pytest
+
+from tropical.workload.trace import Trace, TraceEntry
+from tropical.workload.transform import scale_lengths, scale_rate, take
+
+TRACE = Trace(
+    "t",
+    tuple(
+        TraceEntry(t, inp, out, (0, i))
+        for i, (t, inp, out) in enumerate(
+            [(0.0, 1000, 10), (1.0, 3, 1), (1.0, 2000, 100), (4.0, 7, 2), (10.0, 512, 5)]
+        )
+    ),
+)
+
+
+def _arrivals(trace: Trace) -> list[float]:
+    return [e.arrival for e in trace.entries]
+
+
+def test_scale_rate_two_halves_inter_arrival_times() -> None:
+    faster = scale_rate(TRACE, 2.0)
+    assert _arrivals(faster) == [0.0, 0.5, 0.5, 2.0, 5.0]
+    assert faster.mean_rate == pytest.approx(2 * TRACE.mean_rate)
+    assert [(e.input_len, e.prefix_blocks) for e in faster.entries] == [
+        (e.input_len, e.prefix_blocks) for e in TRACE.entries
+    ]
+    assert faster.name == TRACE.name
+    assert _arrivals(TRACE)[-1] == 10.0  # the input is untouched
+
+
+@pytest.mark.parametrize("bad", [0.0, -2.0, float("nan"), float("inf")])
+def test_scales_reject_non_positive(bad: float) -> None:
+    with pytest.raises(ValueError, match="rate_scale must be a finite number > 0"):
+        scale_rate(TRACE, bad)
+    with pytest.raises(ValueError, match="length_scale must be a finite number > 0"):
+        scale_lengths(TRACE, bad)
+
+
+def test_scale_lengths_rounds_keeps_one_token_and_drops_prefix_blocks() -> None:
+    half = scale_lengths(TRACE, 0.5)
+    assert [(e.input_len, e.output_len) for e in half.entries] == [
+        (500, 5),
+        (2, 1),
+        (1000, 50),
+        (4, 1),
+        (256, 2),
+    ]
+    assert all(e.prefix_blocks == () for e in half.entries)
+    assert _arrivals(half) == _arrivals(TRACE)
+    assert scale_lengths(TRACE, 0.0001).entries[0].input_len == 1
+    assert scale_lengths(TRACE, 1.0) == TRACE
+
+
+def test_take_by_count() -> None:
+    assert _arrivals(take(TRACE, limit=3)) == [0.0, 1.0, 1.0]
+    assert len(take(TRACE, limit=0)) == 0
+    assert take(TRACE, limit=99) == TRACE
+
+
+def test_take_by_window_rebases_to_zero() -> None:
+    window = take(TRACE, start_s=1.0, end_s=10.0)  # [1, 10): excludes the request at 10
+    assert _arrivals(window) == [0.0, 0.0, 3.0]
+    assert [e.input_len for e in window.entries] == [3, 2000, 7]
+    assert _arrivals(take(TRACE, start_s=0.5)) == [0.0, 0.0, 3.0, 9.0]
+    assert _arrivals(take(TRACE, end_s=1.0)) == [0.0]
+    assert _arrivals(take(TRACE, start_s=2.0, limit=1)) == [0.0]
+    assert take(TRACE, limit=1, start_s=4.0).entries[0].input_len == 7
+    assert len(take(TRACE, start_s=11.0)) == 0
+
+
+def test_take_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="limit"):
+        take(TRACE, limit=-1)
+    with pytest.raises(ValueError, match="before start_s"):
+        take(TRACE, start_s=5.0, end_s=1.0)

@@ -44,6 +44,12 @@ class Batch:
 
 def form_batch(worker: WorkerState) -> Batch:
     """The next iteration's batch for ``worker`` under its rules (empty when it has no work)."""
+    batch = _compose(worker)
+    worker.batch_prefills = len(batch.prefills)
+    return batch
+
+
+def _compose(worker: WorkerState) -> Batch:
     rules = worker.rules
     if rules.prefill_first:
         prefills = take_prefills(worker, rules.token_budget, rules.max_seqs - worker.batch_size)

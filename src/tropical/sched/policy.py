@@ -18,17 +18,23 @@ from tropical.sched.worker import WorkerState
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """Prefill ``request`` on worker ``worker_id``; ``path`` and ``reason`` are recorded on it."""
+    """Prefill ``request`` on worker ``worker_id``; ``path`` and ``reason`` are recorded on it.
+
+    ``from_worker`` names the worker whose queue the request leaves (a reassignment).
+    """
 
     request: Request
     worker_id: int
     path: Path
     reason: str
+    from_worker: int | None = None
 
 
 def apply(assignment: Assignment, workers: Sequence[WorkerState]) -> WorkerState:
     """Hand the request to its worker and record the decision; returns the worker to wake."""
     req, worker = assignment.request, workers[assignment.worker_id]
+    if assignment.from_worker is not None:
+        workers[assignment.from_worker].abort(req)
     req.path, req.reason, req.prefill_worker = assignment.path, assignment.reason, worker.id
     worker.enqueue(req)
     return worker

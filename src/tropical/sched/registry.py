@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.policy import Policy
+from tropical.sched.slack import SlackRule
+from tropical.sched.tropical import ToggleParams, TropicalPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +19,12 @@ class PolicyParams:
     chunk_budget: int = 2048
     max_seqs: int = 256
     num_prefill: int | None = None
+    watermark: float = 0.9
+    slack: SlackRule = SlackRule.ITERATION
+    lookahead: int = 64
+
+    def toggle(self) -> ToggleParams:
+        return ToggleParams(self.num_prefill, self.watermark, self.slack, self.lookahead)
 
 
 _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
@@ -24,6 +32,7 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "chunked": lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True,
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.num_prefill, p.max_seqs),
+    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle(), p.max_seqs),
 }
 
 

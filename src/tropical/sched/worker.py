@@ -37,6 +37,7 @@ class WorkerState:
     waiting_tokens: int = 0
     incoming_tokens: int = 0
     busy_until: float = 0.0
+    batch_prefills: int = 0
     last_iteration_time: float = 0.0
     alive: bool = True
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
@@ -53,6 +54,10 @@ class WorkerState:
     def generated(self, req: Request) -> int:
         """Output tokens ``req`` has so far; exact even in the middle of a lazy decode run."""
         return self.steps - req.step_base if req.id in self.running else req.generated
+
+    def queued(self) -> list[Request]:
+        """Waiting requests not in the iteration now running (those may still be moved)."""
+        return list(self.waiting)[self.batch_prefills:]
 
     def kv_tokens_needed(self, req: Request) -> int:
         """A prefill-only worker holds the prompt; a decoding worker the whole lifetime's KV."""
@@ -136,6 +141,7 @@ class WorkerState:
         """
         req.computed += new
         self.waiting_tokens -= new
+        self.batch_prefills = max(0, self.batch_prefills - 1)
         if req.computed < req.prompt_len:
             return False
         self.waiting.remove(req)

@@ -88,6 +88,9 @@ class Simulator:
             return
         self._settle_all()
         self._apply(self.policy.on_arrival(req, self.now, self.workers))
+        self._cut_runs_if_wanted()
+
+    def _cut_runs_if_wanted(self) -> None:
         if self.policy.wants_iteration_events():
             for worker in self.workers:
                 self._cut_run(worker)
@@ -115,12 +118,14 @@ class Simulator:
             steps = 1 if self.policy.wants_iteration_events() else worker.steps_to_next_finish()
             run = DecodeRun.start(worker, steps)
             flight = Flight(self.now, self.now + run.duration, version, run=run)
+            worker.busy_until = self.now + run.iteration(1)
         else:
             for req, _, _ in batch.prefills:
                 if req.prefill_start is None:
                     req.prefill_start = self.now
             duration = worker.latency.iteration_time(batch.shape)
             flight = Flight(self.now, self.now + duration, version, batch=batch)
+            worker.busy_until = flight.end
         self._flights[worker.id] = flight
         self._push(flight.end, _ITER_END, (worker.id, version))
 
@@ -139,6 +144,7 @@ class Simulator:
                 self.stats[worker_id].iterations += done
                 flight.start += elapsed
                 flight.run = run.rest_after(done)
+                self.workers[worker_id].busy_until = flight.start + flight.run.iteration(1)
 
     def _cut_run(self, worker: WorkerState) -> None:
         """Shorten a decode run to end at the first iteration boundary from now."""
@@ -172,6 +178,7 @@ class Simulator:
         if freed:
             self._retry_stalled()
         self._apply(self.policy.on_iteration_end(worker, self.now, self.workers))
+        self._cut_runs_if_wanted()
         self._start(worker)
 
     def _finish_batch(self, worker: WorkerState, batch: Batch) -> bool:

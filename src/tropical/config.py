@@ -1,0 +1,81 @@
+"""One configuration for the simulator: a dataclass that the CLI flags and config files both fill.
+
+Precedence: dataclass defaults < the ``--cluster`` preset < a ``--config`` file (TOML or JSON)
+< explicit flags. Every field is a flag of the same name (``max_batched_tokens`` →
+``--max-batched-tokens``), so files and flags never drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {"model": "internlm2-20b", "gpu": "a100-80gb", "tp": 2, "workers": 4},
+    "paper-h100": {"model": "internlm2-20b", "gpu": "h100-80gb", "tp": 2, "workers": 4},
+    "small": {"model": "llama-2-7b", "gpu": "a100-80gb", "tp": 1, "workers": 4},
+}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything that defines a simulated experiment."""
+
+    trace: str = "conversation"
+    limit: int | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+    cluster: str = "paper"
+    model: str = "internlm2-20b"
+    gpu: str = "a100-80gb"
+    tp: int = 2
+    workers: int = 4
+    prefill_workers: int | None = None
+    memory_utilization: float = 0.9
+    profile: str | None = None
+    policy: str = "tropical"
+    rate_scale: float = 1.0
+    ttft_scale: float = 5.0
+    tpot_scale: float = 5.0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    max_batched_tokens: int | None = None
+    chunk_budget: int = 2048
+    max_seqs: int = 256
+
+    def with_preset(self) -> SimConfig:
+        if self.cluster not in PRESETS:
+            raise ValueError(f"unknown cluster {self.cluster!r}; presets: {', '.join(PRESETS)}")
+        return replace(self, **PRESETS[self.cluster])
+
+    def updated(self, values: dict[str, Any], source: str) -> SimConfig:
+        """A copy with ``values`` applied; unknown keys are an error naming ``source``."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown setting(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}")
+        return replace(self, **values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Settings from a TOML or JSON file (a flat table of SimConfig fields)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"cannot read config {path}: {err.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"{path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a table of settings")
+    return {key.replace("-", "_"): value for key, value in data.items()}

@@ -1,0 +1,1 @@
+"""Human-facing output: tables now, plots and markdown reports for experiments."""

@@ -1,0 +1,48 @@
+"""Turn a SimConfig into an Experiment: load the trace, the model, the latency model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tropical.calibration.store import load_roofline
+from tropical.config import SimConfig
+from tropical.core.latency.fitted import FittedModel
+from tropical.core.slo import SLOSpec
+from tropical.sched.registry import PolicyParams
+from tropical.sim.cluster import LatencyFactory, homogeneous
+from tropical.sim.run import Experiment
+from tropical.workload.catalog import load_trace
+from tropical.workload.transform import take
+
+
+def load_profile(path: str | Path) -> FittedModel:
+    """A fitted latency profile written by ``tropical profile``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read latency profile {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"latency profile {path}: not valid JSON ({err})") from None
+    try:
+        return FittedModel.from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def latency_factory(cfg: SimConfig) -> LatencyFactory:
+    if cfg.profile is None:
+        return load_roofline
+    fitted = load_profile(cfg.profile)
+    return lambda replica: fitted
+
+
+def experiment(cfg: SimConfig) -> Experiment:
+    trace = take(load_trace(cfg.trace), cfg.limit, cfg.start_s, cfg.end_s)
+    cluster = homogeneous(cfg.cluster, cfg.model, cfg.gpu, cfg.tp, cfg.workers,
+                          latency_factory(cfg), cfg.memory_utilization)
+    params = PolicyParams(
+        max_batched_tokens=cfg.max_batched_tokens or cluster.max_context,
+        chunk_budget=cfg.chunk_budget, max_seqs=cfg.max_seqs, num_prefill=cfg.prefill_workers)
+    slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
+    return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale)

@@ -29,6 +29,8 @@ class SimConfig:
     limit: int | None = None
     start_s: float | None = None
     end_s: float | None = None
+    arrivals: str = "spread"
+    seed: int = 0
     cluster: str = "paper"
     model: str = "internlm2-20b"
     gpu: str = "a100-80gb"

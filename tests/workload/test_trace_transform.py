@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tropical.workload.trace import Trace, TraceEntry
-from tropical.workload.transform import scale_lengths, scale_rate, take
+from tropical.workload.transform import poisson_arrivals, scale_lengths, scale_rate, spread_ticks, take
 
 TRACE = Trace(
     "t",
@@ -78,3 +78,24 @@ def test_take_rejects_bad_arguments() -> None:
         take(TRACE, limit=-1)
     with pytest.raises(ValueError, match="before start_s"):
         take(TRACE, start_s=5.0, end_s=1.0)
+
+
+def test_spread_ticks_separates_shared_timestamps_within_their_tick() -> None:
+    spread = _arrivals(spread_ticks(TRACE, seed=1))
+    assert spread[0] == 0.0 and spread[3:] == [4.0, 10.0]
+    assert 1.0 <= spread[1] <= spread[2] < 4.0
+    assert spread[1] != spread[2]
+    assert spread_ticks(TRACE, seed=1) == spread_ticks(TRACE, seed=1)
+
+
+def test_spread_ticks_keeps_lengths_and_order() -> None:
+    spread = spread_ticks(TRACE, seed=3)
+    assert [(e.input_len, e.output_len) for e in spread.entries] == [
+        (e.input_len, e.output_len) for e in TRACE.entries]
+
+
+def test_poisson_arrivals_keep_the_mean_rate_roughly() -> None:
+    long = Trace("p", tuple(TraceEntry(float(i), 10, 2) for i in range(2000)))
+    poisson = poisson_arrivals(long, seed=0)
+    assert poisson.mean_rate == pytest.approx(long.mean_rate, rel=0.1)
+    assert _arrivals(poisson) == sorted(_arrivals(poisson))

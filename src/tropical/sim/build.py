@@ -13,7 +13,10 @@ from tropical.sched.registry import PolicyParams
 from tropical.sim.cluster import LatencyFactory, homogeneous
 from tropical.sim.run import Experiment
 from tropical.workload.catalog import load_trace
-from tropical.workload.transform import take
+from tropical.workload.trace import Trace
+from tropical.workload.transform import poisson_arrivals, spread_ticks, take
+
+ARRIVALS = {"trace": lambda t, seed: t, "spread": spread_ticks, "poisson": poisson_arrivals}
 
 
 def load_profile(path: str | Path) -> FittedModel:
@@ -37,8 +40,15 @@ def latency_factory(cfg: SimConfig) -> LatencyFactory:
     return lambda replica: fitted
 
 
+def arrivals(trace: Trace, how: str, seed: int) -> Trace:
+    """Arrival times as recorded ('trace'), de-quantized ('spread'), or Poisson ('poisson')."""
+    if how not in ARRIVALS:
+        raise ValueError(f"unknown arrivals {how!r}; choose from {', '.join(ARRIVALS)}")
+    return ARRIVALS[how](trace, seed)
+
+
 def experiment(cfg: SimConfig) -> Experiment:
-    trace = take(load_trace(cfg.trace), cfg.limit, cfg.start_s, cfg.end_s)
+    trace = arrivals(take(load_trace(cfg.trace), cfg.limit, cfg.start_s, cfg.end_s), cfg.arrivals, cfg.seed)
     cluster = homogeneous(cfg.cluster, cfg.model, cfg.gpu, cfg.tp, cfg.workers,
                           latency_factory(cfg), cfg.memory_utilization)
     params = PolicyParams(

@@ -6,6 +6,8 @@ import math
 from bisect import bisect_left
 from dataclasses import replace
 
+import numpy as np
+
 from tropical.workload.trace import Trace, TraceEntry
 
 
@@ -13,6 +15,38 @@ def scale_rate(trace: Trace, rate_scale: float) -> Trace:
     """The same requests arriving ``rate_scale`` times as often (arrivals divided by it)."""
     _check_positive("rate_scale", rate_scale)
     entries = tuple(replace(e, arrival=e.arrival / rate_scale) for e in trace.entries)
+    return replace(trace, entries=entries)
+
+
+def spread_ticks(trace: Trace, seed: int = 0) -> Trace:
+    """Requests sharing a timestamp spread uniformly (seeded) over the gap to the next one.
+
+    Mooncake's conversation trace rounds arrivals to ~3 s ticks, so about ten requests share
+    each timestamp; replayed literally, every tick is a burst no cluster can absorb within a 5x
+    TTFT SLO. Spreading them within their tick restores the arrival process the rounding hid.
+    """
+    times = np.array([e.arrival for e in trace.entries])
+    if len(times) < 2:
+        return trace
+    ticks, starts, counts = np.unique(times, return_index=True, return_counts=True)
+    gaps = np.diff(ticks)
+    gaps = np.append(gaps, np.median(gaps) if len(gaps) else 0.0)
+    rng = np.random.default_rng(seed)
+    spread = times.copy()
+    for tick, start, count, gap in zip(ticks, starts, counts, gaps, strict=True):
+        if count > 1:
+            spread[start:start + count] = tick + np.sort(rng.uniform(0.0, gap, count))
+    entries = tuple(replace(e, arrival=float(t)) for e, t in zip(trace.entries, spread, strict=True))
+    return replace(trace, entries=entries)
+
+
+def poisson_arrivals(trace: Trace, seed: int = 0) -> Trace:
+    """The trace's requests in order, arriving as a Poisson process at the trace's mean rate."""
+    if len(trace) < 2 or trace.mean_rate <= 0:
+        return trace
+    gaps = np.random.default_rng(seed).exponential(1.0 / trace.mean_rate, len(trace) - 1)
+    arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
+    entries = tuple(replace(e, arrival=float(t)) for e, t in zip(trace.entries, arrivals, strict=True))
     return replace(trace, entries=entries)
 
 

@@ -1,0 +1,287 @@
+"""A roofline latency model with calibrated efficiency factors.
+
+Each layer, on one tensor-parallel shard, runs its kernels one after another; each kernel costs a
+fixed launch overhead plus a roofline time (compute or memory bound, at the fractions of peak that
+the measured profiles show). The op classes below are the single definition of every formula: the
+calibration fits their factors with these same classes, evaluated on numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tropical.core.latency.shape import BatchShape
+from tropical.core.specs import HardwareSpec, ModelSpec, ReplicaSpec
+
+Number = Any  # a float, or a numpy array when the calibration evaluates many rows at once
+
+
+@dataclass(frozen=True, slots=True)
+class OpEfficiency:
+    """One op class's calibrated roofline: fractions of peak reached and a fixed cost per launch.
+
+    ``memory`` is a fraction of HBM bandwidth, or of link bandwidth for communication ops.
+    ``sharpness`` blends the compute and memory times as a p-norm: large p is the textbook max,
+    small p charges the slow transition that measured GEMMs show near the ridge point.
+    """
+
+    compute: float = 1.0
+    memory: float = 1.0
+    overhead: float = 0.0
+    sharpness: float = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """All calibrated factors of one GPU kind (see data/calibration/README.md)."""
+
+    gemm: OpEfficiency
+    norm: OpEfficiency
+    rope: OpEfficiency
+    activation: OpEfficiency
+    residual: OpEfficiency
+    prefill_attention: OpEfficiency
+    decode_attention: OpEfficiency
+    all_reduce: OpEfficiency
+    transfer: OpEfficiency
+    prefill_tile_waste: float = 0.0
+    decode_per_sequence: float = 0.0
+    iteration_overhead: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Efficiency:
+        """Inverse of to_dict; unknown or missing keys raise, so a stale file fails loudly."""
+        ops = {name: OpEfficiency(**value) for name, value in data.items() if isinstance(value, dict)}
+        scalars = {name: float(value) for name, value in data.items() if not isinstance(value, dict)}
+        return cls(**ops, **scalars)
+
+
+def soft_roofline(compute_s: Number, memory_s: Number, sharpness: float) -> Number:
+    """p-norm of the two bound times: max() as p grows, smooth across the ridge point."""
+    return (compute_s**sharpness + memory_s**sharpness) ** (1.0 / sharpness)
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """The per-GPU slice of one layer under tensor parallelism (heads, MLP and vocab split)."""
+
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, model: ModelSpec, tp: int) -> Shard:
+        """KV heads are replicated when tp exceeds them, as vLLM does."""
+        return cls(model.hidden, -(-model.num_q_heads // tp), max(model.num_kv_heads // tp, 1),
+                   model.head_dim, -(-model.intermediate // tp), -(-model.vocab // tp),
+                   model.dtype_bytes)
+
+    @property
+    def kv_token_bytes(self) -> int:
+        """Key and value of one token in one layer on this shard."""
+        return 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def q_token_bytes(self) -> int:
+        return self.q_heads * self.head_dim * self.dtype_bytes
+
+    def gemm_dims(self) -> dict[str, tuple[int, int]]:
+        """(input, output) width of each weight GEMM of a layer, named as Vidur's profiles."""
+        q, kv = self.q_heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"attn_pre_proj": (self.hidden, q + 2 * kv), "attn_post_proj": (q, self.hidden),
+                "mlp_up_proj": (self.hidden, 2 * self.intermediate),
+                "mlp_down_proj": (self.intermediate, self.hidden)}
+
+    def stream_bytes(self) -> dict[str, int]:
+        """HBM bytes per token of each memory-bound elementwise op (reads plus writes)."""
+        d = self.dtype_bytes
+        return {"norm": 2 * self.hidden * d,
+                "rope": 2 * (self.q_heads + self.kv_heads) * self.head_dim * d,
+                "activation": 3 * self.intermediate * d,
+                "residual": 3 * self.hidden * d}
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """A weight GEMM over n tokens: FLOPs versus weight plus activation bytes."""
+
+    flop_s: float
+    weight_s: float
+    token_s: float
+    overhead: float
+    sharpness: float
+
+    @classmethod
+    def build(cls, eff: OpEfficiency, gpu: HardwareSpec, k: int, out: int, dtype: int) -> Gemm:
+        bw = eff.memory * gpu.hbm_bandwidth
+        return cls(2.0 * k * out / (eff.compute * gpu.peak_flops), k * out * dtype / bw,
+                   (k + out) * dtype / bw, eff.overhead, eff.sharpness)
+
+    def seconds(self, n: Number) -> Number:
+        return self.overhead + soft_roofline(n * self.flop_s, self.weight_s + n * self.token_s,
+                                             self.sharpness)
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A memory-bound op whose bytes grow linearly with tokens (norms, rope, activation, adds)."""
+
+    overhead: float
+    token_s: float
+
+    @classmethod
+    def build(cls, eff: OpEfficiency, bandwidth: float, bytes_per_token: float) -> Stream:
+        return cls(eff.overhead, bytes_per_token / (eff.memory * bandwidth))
+
+    def seconds(self, n: Number) -> Number:
+        return self.overhead + n * self.token_s
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillAttention:
+    """Causal attention of the prefill spans: pair FLOPs versus reading cached and new KV."""
+
+    pair_s: float
+    waste: float
+    kv_s: float
+    qo_s: float
+    overhead: float
+    sharpness: float
+
+    @classmethod
+    def build(cls, eff: Efficiency, gpu: HardwareSpec, shard: Shard) -> PrefillAttention:
+        op, bw = eff.prefill_attention, eff.prefill_attention.memory * gpu.hbm_bandwidth
+        pair_flops = 4.0 * shard.head_dim * shard.q_heads
+        return cls(pair_flops / (op.compute * gpu.peak_flops), eff.prefill_tile_waste,
+                   shard.kv_token_bytes / bw, 2 * shard.q_token_bytes / bw, op.overhead,
+                   op.sharpness)
+
+    def seconds(self, tokens: Number, pairs: Number, cached: Number) -> Number:
+        """``waste`` extra keys per query stand for diagonal tiles and per-query fixed work."""
+        compute = (pairs + self.waste * tokens) * self.pair_s
+        memory = (cached + tokens) * self.kv_s + tokens * self.qo_s
+        return self.overhead + soft_roofline(compute, memory, self.sharpness)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeAttention:
+    """Attention of single-token queries: reads every context token's KV, linear in context."""
+
+    context_s: float
+    sequence_s: float
+    overhead: float
+
+    @classmethod
+    def build(cls, eff: Efficiency, gpu: HardwareSpec, shard: Shard) -> DecodeAttention:
+        bw = eff.decode_attention.memory * gpu.hbm_bandwidth
+        per_sequence = eff.decode_per_sequence + (shard.kv_token_bytes + 2 * shard.q_token_bytes) / bw
+        return cls(shard.kv_token_bytes / bw, per_sequence, eff.decode_attention.overhead)
+
+    def intercept(self, count: Number) -> Number:
+        return self.overhead + count * self.sequence_s
+
+    def seconds(self, count: Number, context: Number) -> Number:
+        return self.intercept(count) + context * self.context_s
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A collective or copy over the GPU link: latency plus bytes at a fraction of link speed."""
+
+    overhead: float
+    byte_s: float
+
+    @classmethod
+    def all_reduce(cls, eff: OpEfficiency, gpu: HardwareSpec, tp: int) -> Link:
+        """Ring all-reduce: each GPU sends and receives 2(tp-1)/tp of the buffer."""
+        return cls(eff.overhead, 2.0 * (tp - 1) / tp / (eff.memory * gpu.link_bandwidth))
+
+    @classmethod
+    def copy(cls, eff: OpEfficiency, gpu: HardwareSpec) -> Link:
+        return cls(eff.overhead, 1.0 / (eff.memory * gpu.link_bandwidth))
+
+    def seconds(self, nbytes: Number) -> Number:
+        return self.overhead + nbytes * self.byte_s
+
+
+class RooflineModel:
+    """LatencyModel of one replica: layers x (GEMMs + elementwise + attention + all-reduce)."""
+
+    def __init__(self, replica: ReplicaSpec, efficiency: Efficiency) -> None:
+        model, gpu, tp = replica.model, replica.gpu, replica.tp
+        shard = Shard.of(model, tp)
+        self.replica = replica
+        self.efficiency = efficiency
+        self._layers = model.num_layers
+        self._gemms = tuple(Gemm.build(efficiency.gemm, gpu, k, out, model.dtype_bytes)
+                            for k, out in shard.gemm_dims().values())
+        self._lm_head = Gemm.build(efficiency.gemm, gpu, model.hidden, shard.vocab, model.dtype_bytes)
+        self._prefill = PrefillAttention.build(efficiency, gpu, shard)
+        self._decode = DecodeAttention.build(efficiency, gpu, shard)
+        self._fixed, self._per_token = self._linear_layer_terms(efficiency, gpu, shard, tp)
+        self._transfer = Link.copy(efficiency.transfer, gpu)
+        self._kv_bytes_per_shard = model.kv_bytes_per_token / tp
+        self._decode_lines: dict[int, tuple[float, float]] = {}
+
+    @staticmethod
+    def _linear_layer_terms(eff: Efficiency, gpu: HardwareSpec, shard: Shard,
+                            tp: int) -> tuple[float, float]:
+        """Per-layer (fixed, per-token) seconds of everything linear in tokens."""
+        per_layer = {"norm": 2, "rope": 1, "activation": 1, "residual": 1}
+        streams = [(Stream.build(getattr(eff, name), gpu.hbm_bandwidth, nbytes), per_layer[name])
+                   for name, nbytes in shard.stream_bytes().items()]
+        if tp > 1:  # two all-reduces of the tokens' hidden states, linear in tokens too
+            reduce = Link.all_reduce(eff.all_reduce, gpu, tp)
+            token_s = shard.hidden * shard.dtype_bytes * reduce.byte_s
+            streams.append((Stream(reduce.overhead, token_s), 2))
+        fixed = sum(op.overhead * count for op, count in streams)
+        per_token = sum(op.token_s * count for op, count in streams)
+        return fixed, per_token
+
+    def _dense(self, tokens: int, sampled: int) -> float:
+        """Everything but attention: per-layer GEMMs and streams, the LM head, the CPU overhead."""
+        layer = self._fixed + tokens * self._per_token
+        for gemm in self._gemms:
+            layer += gemm.seconds(tokens)
+        head = self._lm_head.seconds(sampled) if sampled else 0.0
+        return self.efficiency.iteration_overhead + self._layers * layer + head
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        """Wall time of one forward pass; decode-only shapes go through the cached line."""
+        if not shape.prefill_tokens:
+            if not shape.decode_count:
+                return 0.0
+            intercept, slope = self.decode_line(shape.decode_count)
+            return intercept + slope * shape.decode_context
+        tokens = shape.prefill_tokens + shape.decode_count
+        attention = self._prefill.seconds(shape.prefill_tokens, shape.prefill_pairs,
+                                          shape.prefill_cached)
+        if shape.decode_count:
+            attention += self._decode.seconds(shape.decode_count, shape.decode_context)
+        return self._dense(tokens, shape.num_prefills + shape.decode_count) + self._layers * attention
+
+    def decode_line(self, batch: int) -> tuple[float, float]:
+        """(intercept, slope) of a decode-only iteration of ``batch`` sequences, cached."""
+        line = self._decode_lines.get(batch)
+        if line is None:
+            if batch <= 0:
+                return 0.0, 0.0
+            intercept = self._dense(batch, batch) + self._layers * self._decode.intercept(batch)
+            line = (intercept, self._layers * self._decode.context_s)
+            self._decode_lines[batch] = line
+        return line
+
+    def transfer_time(self, tokens: int) -> float:
+        """Each TP shard moves its share of the KV in parallel over its own link."""
+        if tokens <= 0:
+            return 0.0
+        return self._transfer.seconds(tokens * self._kv_bytes_per_shard)
+

@@ -1,0 +1,75 @@
+"""The ``tropical`` command as a user runs it (in-process, on a small fitted profile)."""
+
+import json
+
+import pytest
+
+from tests.factories import linear_model
+from tropical.cli import main
+from tropical.config import SimConfig, read_config_file
+
+SIM_KEYS = {"policy", "requests", "attainment", "ttft_p90_s", "tpot_p90_s", "queue_p90_s", "sim_wall_s"}
+
+
+@pytest.fixture
+def profile(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(linear_model(kv_bytes_per_token=196608).to_dict()))
+    return str(path)
+
+
+def run_json(capsys, *argv):
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("policy", ["colocated", "chunked", "disagg", "tropical"])
+def test_sim_json_has_the_agreed_keys(capsys, profile, policy):
+    out = run_json(capsys, "sim", "--trace", "conversation", "--cluster", "paper", "--policy", policy,
+                   "--limit", "200", "--profile", profile, "--json")
+    assert out.keys() >= SIM_KEYS
+    assert out["policy"] == policy and out["requests"] == 200
+    assert 0 <= out["attainment"] <= 1
+
+
+def test_sim_prints_a_table(capsys, profile):
+    assert main(["sim", "--policy", "disagg", "--limit", "50", "--profile", profile]) == 0
+    text = capsys.readouterr().out
+    assert "TTFT (s)" in text and "SLO attainment" in text
+
+
+def test_sweep_reports_capacity_per_policy(capsys, profile):
+    out = run_json(capsys, "sweep", "--policies", "colocated,disagg", "--limit", "150",
+                   "--profile", profile, "--tol", "0.1", "--json")
+    assert set(out["capacity_rps"]) == {"colocated", "disagg"}
+    assert all(v > 0 for v in out["capacity_rps"].values())
+
+
+def test_unknown_policy_is_a_clear_error(capsys, profile):
+    assert main(["sim", "--policy", "fastest", "--profile", profile]) == 2
+    assert "unknown policy 'fastest'" in capsys.readouterr().err
+
+
+def test_missing_trace_names_the_builtins(capsys, profile):
+    assert main(["sim", "--trace", "nowhere.jsonl", "--profile", profile]) == 2
+    assert "conversation" in capsys.readouterr().err
+
+
+def test_config_file_sits_between_preset_and_flags(tmp_path, capsys, profile):
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text('policy = "chunked"\nlimit = 40\nworkers = 2\n')
+    out = run_json(capsys, "sim", "--config", str(cfg), "--limit", "30", "--profile", profile, "--json")
+    assert out["policy"] == "chunked" and out["requests"] == 30 and len(out["workers"]) == 2
+
+
+def test_config_file_with_unknown_setting_is_refused(tmp_path):
+    cfg = tmp_path / "exp.json"
+    cfg.write_text('{"polcy": "chunked"}')
+    with pytest.raises(ValueError, match="polcy"):
+        SimConfig().updated(read_config_file(cfg), str(cfg))
+
+
+def test_absolute_slos_apply_to_every_request(capsys, profile):
+    loose = run_json(capsys, "sim", "--policy", "disagg", "--limit", "100", "--profile", profile,
+                     "--slo-ttft-ms", "1e9", "--slo-tpot-ms", "1e9", "--json")
+    assert loose["attainment"] == 1.0

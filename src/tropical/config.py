@@ -48,6 +48,9 @@ class SimConfig:
     max_batched_tokens: int | None = None
     chunk_budget: int = 2048
     max_seqs: int = 256
+    watermark: float = 0.9
+    slack: str = "iteration"
+    lookahead: int = 64
 
     def with_preset(self) -> SimConfig:
         if self.cluster not in PRESETS:

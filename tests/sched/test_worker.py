@@ -81,3 +81,22 @@ def test_migrated_request_joins_only_when_admitted():
     assert worker.batch_size == 0
     worker.admit_inbox()
     assert worker.batch_size == 1 and worker.incoming_tokens == 0
+
+
+def test_queued_work_tracks_prefills_not_yet_running():
+    from tropical.sched.batching import form_batch
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, token_budget=150))
+    reqs = [make_request(i, prompt=100) for i in range(3)]
+    for req in reqs:
+        worker.enqueue(req)
+    one = worker.prefill_cost(reqs[0])
+    assert worker.queued_work == pytest.approx(3 * one)
+    batch = form_batch(worker)
+    assert len(batch.prefills) == 1 and worker.queued() == reqs[1:]
+    assert worker.queued_work == pytest.approx(2 * one)
+    worker.abort(reqs[2])
+    assert worker.queued_work == pytest.approx(one)
+    worker.complete_prefill(reqs[0], 100, now=1.0)
+    assert worker.queued() == [reqs[1]]

@@ -137,3 +137,13 @@ def test_workers_may_differ_in_speed():
     assert a.first_token == pytest.approx(prefill_time(fast, 2000))
     assert b.first_token == pytest.approx(prefill_time(slow, 2000))
     assert replace(spec_fast, kv_tokens=None).kv_capacity_tokens == REPLICA.kv_capacity_tokens
+
+
+def test_miss_budget_stops_a_hopeless_run_early():
+    requests = [make_request(i, arrival=0.0, prompt=3000, output=20, ttft=0.05) for i in range(40)]
+    policy = make_policy("colocated")
+    sim = Simulator(cluster(num_workers=1).build(policy), policy, requests, miss_budget=4)
+    sim.run()
+    assert sim.misses > 4
+    assert sum(r.error is not None for r in requests) > 20
+    assert all("miss budget" in r.error for r in requests if r.error)

@@ -45,7 +45,7 @@ class Batch:
 def form_batch(worker: WorkerState) -> Batch:
     """The next iteration's batch for ``worker`` under its rules (empty when it has no work)."""
     batch = _compose(worker)
-    worker.batch_prefills = len(batch.prefills)
+    worker.start_prefills([req for req, _, _ in batch.prefills])
     return batch
 
 

@@ -44,6 +44,9 @@ class Policy(ABC):
     """A global scheduling policy over a fixed set of worker roles."""
 
     name: str = "policy"
+    observes_iterations: bool = False
+    """True if ``on_iteration_end`` may act; a substrate may skip the call (and the exact
+    worker view it needs) for policies that never do."""
 
     @abstractmethod
     def roles(self, num_workers: int) -> list[Role]:

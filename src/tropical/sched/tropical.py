@@ -39,6 +39,7 @@ class TropicalPolicy(Policy):
     """Dedicated prefill workers plus multiplexing workers, switched per request by the toggle."""
 
     name = "tropical"
+    observes_iterations = True
 
     def __init__(self, max_batched_tokens: int, toggle: ToggleParams | None = None,
                  max_seqs: int = 256) -> None:
@@ -124,8 +125,8 @@ class TropicalPolicy(Policy):
         risky = []
         for worker in prefill:
             clock = max(now, worker.busy_until)
-            for req in worker.queued()[:self.toggle.lookahead]:
-                clock += prefill_time(worker.latency, req.remaining_prompt, req.computed)
+            for req in worker.queued(self.toggle.lookahead):
+                clock += worker.prefill_cost(req)
                 if clock - req.arrival > req.slo.ttft:
                     risky.append((req, worker, clock))
         return risky

@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
-from tropical.core.latency.model import LatencyModel
+from tropical.core.latency.model import LatencyModel, prefill_time
 from tropical.core.request import Request
 from tropical.sched.kv import KVPool
 from tropical.sched.rules import BatchRules, Role
@@ -38,9 +39,11 @@ class WorkerState:
     incoming_tokens: int = 0
     busy_until: float = 0.0
     batch_prefills: int = 0
+    queued_work: float = 0.0
     last_iteration_time: float = 0.0
     alive: bool = True
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
+    _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
 
     @property
     def unfinished_tokens(self) -> int:
@@ -55,9 +58,26 @@ class WorkerState:
         """Output tokens ``req`` has so far; exact even in the middle of a lazy decode run."""
         return self.steps - req.step_base if req.id in self.running else req.generated
 
-    def queued(self) -> list[Request]:
+    def start_prefills(self, requests: list[Request]) -> None:
+        """The head ``requests`` of the queue enter the iteration now starting."""
+        self.batch_prefills = len(requests)
+        self.queued_work -= sum(map(self.prefill_cost, requests))
+        if len(self.waiting) == len(requests):
+            self.queued_work = 0.0
+
+    def queued(self, limit: int | None = None) -> list[Request]:
         """Waiting requests not in the iteration now running (those may still be moved)."""
-        return list(self.waiting)[self.batch_prefills:]
+        stop = None if limit is None else self.batch_prefills + limit
+        return list(islice(self.waiting, self.batch_prefills, stop))
+
+    def prefill_cost(self, req: Request) -> float:
+        """Predicted time of ``req``'s remaining prompt here, cached until its progress changes."""
+        cached = self._costs.get(req.id)
+        if cached is not None and cached[0] == req.computed:
+            return cached[1]
+        cost = prefill_time(self.latency, req.remaining_prompt, req.computed)
+        self._costs[req.id] = (req.computed, cost)
+        return cost
 
     def kv_tokens_needed(self, req: Request) -> int:
         """A prefill-only worker holds the prompt; a decoding worker the whole lifetime's KV."""
@@ -80,6 +100,7 @@ class WorkerState:
     def enqueue(self, req: Request) -> None:
         """Accept a request whose prompt this worker will prefill."""
         self.waiting.append(req)
+        self.queued_work += self.prefill_cost(req)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
 
     def expect_migration(self, req: Request) -> None:
@@ -143,8 +164,10 @@ class WorkerState:
         self.waiting_tokens -= new
         self.batch_prefills = max(0, self.batch_prefills - 1)
         if req.computed < req.prompt_len:
+            self.queued_work += self.prefill_cost(req)
             return False
         self.waiting.remove(req)
+        self._costs.pop(req.id, None)
         req.first_token = now
         req.generated = 1
         if self.role.decodes:
@@ -162,7 +185,12 @@ class WorkerState:
     def abort(self, req: Request) -> None:
         """Drop ``req`` from this worker wherever it is, freeing its KV."""
         if req in self.waiting:
+            if list(self.waiting).index(req) >= self.batch_prefills:
+                self.queued_work -= self.prefill_cost(req)
+            else:
+                self.batch_prefills -= 1
             self.waiting.remove(req)
+            self._costs.pop(req.id, None)
             self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
         if req.id in self.running:
             req.generated = self.generated(req)

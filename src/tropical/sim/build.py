@@ -10,6 +10,7 @@ from tropical.config import SimConfig
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
+from tropical.sched.slack import SlackRule
 from tropical.sim.cluster import LatencyFactory, homogeneous
 from tropical.sim.run import Experiment
 from tropical.workload.catalog import load_trace
@@ -40,6 +41,14 @@ def latency_factory(cfg: SimConfig) -> LatencyFactory:
     return lambda replica: fitted
 
 
+def slack_rule(name: str) -> SlackRule:
+    try:
+        return SlackRule(name)
+    except ValueError:
+        raise ValueError(f"unknown slack rule {name!r}; choose from "
+                         f"{', '.join(r.value for r in SlackRule)}") from None
+
+
 def arrivals(trace: Trace, how: str, seed: int) -> Trace:
     """Arrival times as recorded ('trace'), de-quantized ('spread'), or Poisson ('poisson')."""
     if how not in ARRIVALS:
@@ -53,6 +62,7 @@ def experiment(cfg: SimConfig) -> Experiment:
                           latency_factory(cfg), cfg.memory_utilization)
     params = PolicyParams(
         max_batched_tokens=cfg.max_batched_tokens or cluster.max_context,
-        chunk_budget=cfg.chunk_budget, max_seqs=cfg.max_seqs, num_prefill=cfg.prefill_workers)
+        chunk_budget=cfg.chunk_budget, max_seqs=cfg.max_seqs, num_prefill=cfg.prefill_workers,
+        watermark=cfg.watermark, slack=slack_rule(cfg.slack), lookahead=cfg.lookahead)
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
     return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale)

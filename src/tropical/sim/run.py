@@ -80,13 +80,18 @@ def make_requests(exp: Experiment) -> list[Request]:
             for i, (e, slo) in enumerate(zip(trace.entries, request_slos(exp), strict=True))]
 
 
-def simulate(exp: Experiment) -> SimResult:
-    """Run ``exp`` once and summarize it."""
+def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
+    """Run ``exp`` once and summarize it.
+
+    ``stop_below``: end early once attainment can no longer reach this fraction; requests not
+    simulated then count as failed, so the summary's attainment is a lower bound below it.
+    """
     policy = make_policy(exp.policy, exp.params)
     workers = exp.cluster.build(policy)
     requests = make_requests(exp)
+    budget = None if stop_below is None else int((1 - stop_below) * len(requests))
     started = time.perf_counter()
-    sim = Simulator(workers, policy, requests, exp.cluster.max_context)
+    sim = Simulator(workers, policy, requests, exp.cluster.max_context, budget)
     sim.run()
     wall = time.perf_counter() - started
     return SimResult(exp, summarize(requests), requests, [w.role for w in workers],

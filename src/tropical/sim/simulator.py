@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tropical.core.metrics import attains
 from tropical.core.request import Request
 from tropical.sched.admission import admission_error
 from tropical.sched.batching import Batch, form_batch
@@ -47,9 +48,14 @@ class Simulator:
     """Replays requests through a policy on a set of workers; deterministic for its inputs."""
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
-                 requests: Sequence[Request], max_context: int | None = None) -> None:
+                 requests: Sequence[Request], max_context: int | None = None,
+                 miss_budget: int | None = None) -> None:
+        """``miss_budget``: stop once more requests than this have missed their SLO (a capacity
+        search only needs to know the target is out of reach); the rest are marked failed."""
         self.workers = list(workers)
         self.max_context = max_context
+        self.miss_budget = miss_budget
+        self.misses = 0
         self.policy = policy
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.id))
         self.stats = [WorkerStats() for _ in self.workers]
@@ -64,7 +70,7 @@ class Simulator:
         """Simulate until every request has finished or failed; returns them in arrival order."""
         arrivals = iter(self.requests)
         upcoming = next(arrivals, None)
-        while upcoming is not None or self._events:
+        while (upcoming is not None or self._events) and not self._out_of_budget():
             if upcoming is not None and (not self._events or upcoming.arrival <= self._events[0][0]):
                 self.now = upcoming.arrival
                 self._arrive(upcoming)
@@ -77,6 +83,18 @@ class Simulator:
                 self._migrated(*payload)
         self._fail_leftovers()
         return self.requests
+
+    def _out_of_budget(self) -> bool:
+        return self.miss_budget is not None and self.misses > self.miss_budget
+
+    def _first_tokens(self, requests: Sequence[Request]) -> None:
+        """A late first token is a certain miss."""
+        self.misses += sum(r.first_token - r.arrival > r.slo.ttft for r in requests)
+
+    def _finished(self, requests: Sequence[Request]) -> bool:
+        """Count TPOT misses of requests whose TTFT was on time; True if any finished."""
+        self.misses += sum(r.first_token - r.arrival <= r.slo.ttft and not attains(r) for r in requests)
+        return bool(requests)
 
     def _push(self, time: float, kind: int, payload: tuple) -> None:
         heapq.heappush(self._events, (time, next(self._seq), kind, payload))
@@ -133,7 +151,7 @@ class Simulator:
         """Book every decode iteration completed by now, so policies see exact worker states."""
         for worker_id, flight in self._flights.items():
             run = flight.run
-            if run is None:
+            if run is None or self.now < self.workers[worker_id].busy_until:
                 continue
             done = run.completed_by(self.now - flight.start)
             if done:
@@ -162,14 +180,13 @@ class Simulator:
         if flight is None or flight.version != version:
             return
         del self._flights[worker_id]
-        self._settle_all()
         worker = self.workers[worker_id]
         stats = self.stats[worker_id]
         stats.busy += flight.end - flight.start
         if flight.run is not None:
             stats.iterations += flight.run.steps
             worker.last_iteration_time = flight.run.last_iteration
-            freed = bool(worker.advance_decodes(flight.run.steps, self.now))
+            freed = self._finished(worker.advance_decodes(flight.run.steps, self.now))
         else:
             stats.iterations += 1
             worker.last_iteration_time = flight.end - flight.start
@@ -177,22 +194,26 @@ class Simulator:
         worker.busy_until = self.now
         if freed:
             self._retry_stalled()
-        self._apply(self.policy.on_iteration_end(worker, self.now, self.workers))
-        self._cut_runs_if_wanted()
+        if self.policy.observes_iterations:
+            self._settle_all()
+            self._apply(self.policy.on_iteration_end(worker, self.now, self.workers))
+            self._cut_runs_if_wanted()
         self._start(worker)
 
     def _finish_batch(self, worker: WorkerState, batch: Batch) -> bool:
         """Book a finished batch; returns True when some KV was freed."""
-        freed = bool(batch.decode_count and worker.advance_decodes(1, self.now))
+        freed = bool(batch.decode_count) and self._finished(worker.advance_decodes(1, self.now))
         for req, new, _ in batch.prefills:
             self.stats[worker.id].prefill_tokens += new
             if worker.complete_prefill(req, new, self.now):
+                self._first_tokens([req])
                 freed |= req.finish is not None
                 if not worker.role.decodes and req.finish is None:
                     self._migrate(req, worker)
         return freed
 
     def _migrate(self, req: Request, source: WorkerState) -> None:
+        self._settle_all()
         target = self.policy.decode_worker(req, self.workers)
         if target is None:
             self._stalled.append((req, source))
@@ -214,6 +235,8 @@ class Simulator:
             self._migrate(req, source)
 
     def _fail_leftovers(self) -> None:
+        reason = ("not simulated: the miss budget was exhausted" if self._out_of_budget()
+                  else "never scheduled: the cluster could not make room for it")
         for req in self.requests:
             if not req.done:
-                req.fail(self.now, "never scheduled: the cluster could not make room for it")
+                req.fail(self.now, reason)

@@ -33,7 +33,7 @@ def capacity(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> Pol
     """Highest rate scale of ``exp`` at which at least ``target`` of requests attain."""
 
     def attainment(scale: float) -> float:
-        value = simulate(exp.at_rate(scale)).summary.attainment
+        value = simulate(exp.at_rate(scale), stop_below=target).summary.attainment
         if _progress is not None:
             _progress.put(exp.policy)
         return value

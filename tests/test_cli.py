@@ -73,3 +73,10 @@ def test_absolute_slos_apply_to_every_request(capsys, profile):
     loose = run_json(capsys, "sim", "--policy", "disagg", "--limit", "100", "--profile", profile,
                      "--slo-ttft-ms", "1e9", "--slo-tpot-ms", "1e9", "--json")
     assert loose["attainment"] == 1.0
+
+
+def test_config_setting_of_the_wrong_type_is_refused(tmp_path):
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text('max_batched_tokens = "many"\n')
+    with pytest.raises(ValueError, match="max_batched_tokens must be int"):
+        SimConfig().updated(read_config_file(cfg), str(cfg))

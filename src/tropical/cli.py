@@ -13,11 +13,19 @@ from tropical.config import PRESETS, SimConfig, read_config_file
 from tropical.report.tables import capacity_table, summary_table
 
 
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _add_sim_options(parser: argparse.ArgumentParser) -> None:
     """One flag per SimConfig field; unset flags fall back to the config file and preset."""
     for f in fields(SimConfig):
         flag = "--" + f.name.replace("_", "-")
-        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        kind = {"int": int, "float": float, "bool": _parse_bool}.get(str(f.type).split(" ")[0], str)
         helps = {"cluster": f"preset: {', '.join(PRESETS)}",
                  "profile": "fitted latency profile JSON (default: calibrated roofline)",
                  "rate_scale": "multiply the trace's request rate",

@@ -45,12 +45,13 @@ class SimConfig:
     tpot_scale: float = 5.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
-    max_batched_tokens: int | None = None
+    max_batched_tokens: int = 4096
     chunk_budget: int = 2048
     max_seqs: int = 256
     watermark: float = 0.9
     slack: str = "iteration"
     lookahead: int = 64
+    demote_doomed: bool = False
 
     def with_preset(self) -> SimConfig:
         if self.cluster not in PRESETS:
@@ -59,15 +60,29 @@ class SimConfig:
 
     def updated(self, values: dict[str, Any], source: str) -> SimConfig:
         """A copy with ``values`` applied; unknown keys are an error naming ``source``."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(values) - known)
+        types = {f.name: str(f.type) for f in fields(self)}
+        unknown = sorted(set(values) - set(types))
         if unknown:
             raise ValueError(f"{source}: unknown setting(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(known))}")
-        return replace(self, **values)
+                             f"known: {', '.join(sorted(types))}")
+        return replace(self, **{k: _checked(k, v, types[k], source) for k, v in values.items()})
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _checked(name: str, value: Any, type_name: str, source: str) -> Any:
+    """``value`` as the field's type; ints pass as floats, anything else is a clear error."""
+    if value is None and "None" in type_name:
+        return None
+    base = type_name.split(" ")[0]
+    if base == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if base == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if base in ("str", "bool") and type(value).__name__ == base:
+        return value
+    raise ValueError(f"{source}: setting {name} must be {type_name}, got {value!r}")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.policy import Policy
@@ -15,16 +15,19 @@ from tropical.sched.tropical import ToggleParams, TropicalPolicy
 class PolicyParams:
     """Knobs shared by the policies; each uses the ones that apply to it."""
 
-    max_batched_tokens: int = 200_000
+    max_batched_tokens: int = 4096
+    max_context: int = 200_000
     chunk_budget: int = 2048
     max_seqs: int = 256
     num_prefill: int | None = None
     watermark: float = 0.9
     slack: SlackRule = SlackRule.ITERATION
     lookahead: int = 64
+    demote_doomed: bool = False
 
     def toggle(self) -> ToggleParams:
-        return ToggleParams(self.num_prefill, self.watermark, self.slack, self.lookahead)
+        return ToggleParams(self.num_prefill, self.watermark, self.slack, self.lookahead,
+                            self.demote_doomed)
 
 
 _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
@@ -32,7 +35,10 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "chunked": lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True,
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.num_prefill, p.max_seqs),
-    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle(), p.max_seqs),
+    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle(), p.max_seqs, p.max_context),
+    "tropical+": lambda p: TropicalPolicy(
+        p.max_batched_tokens, replace(p.toggle(), slack=SlackRule.BANKED, demote_doomed=True),
+        p.max_seqs, p.max_context, name="tropical+"),
 }
 
 

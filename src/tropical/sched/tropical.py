@@ -27,12 +27,14 @@ from tropical.sched.worker import WorkerState
 
 @dataclass(frozen=True, slots=True)
 class ToggleParams:
-    """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk."""
+    """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk, and
+    whether requests that will miss their TTFT even if started now yield their place."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
     slack: SlackRule = SlackRule.ITERATION
     lookahead: int = 64
+    demote_doomed: bool = False
 
 
 class TropicalPolicy(Policy):
@@ -42,13 +44,17 @@ class TropicalPolicy(Policy):
     observes_iterations = True
 
     def __init__(self, max_batched_tokens: int, toggle: ToggleParams | None = None,
-                 max_seqs: int = 256) -> None:
+                 max_seqs: int = 256, max_context: int = 200_000, name: str = "tropical") -> None:
+        """Prefill workers batch up to ``max_batched_tokens``; a multiplexing worker runs
+        everything the toggle planned for its next iteration, up to ``max_context`` tokens."""
+        self.name = name
         self.toggle = toggle or ToggleParams()
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
                                    max_seqs=max_seqs)
-        self._multiplex = BatchRules(prefill_first=False, token_budget=max_batched_tokens,
+        self._multiplex = BatchRules(prefill_first=False, token_budget=max_context,
                                      max_seqs=max_seqs)
         self._at_risk = False
+        self._demoted_ids: set[int] = set()
 
     def roles(self, num_workers: int) -> list[Role]:
         return split_roles(num_workers, self.toggle.num_prefill, Role.MULTIPLEX)
@@ -92,6 +98,14 @@ class TropicalPolicy(Policy):
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
         self._at_risk = bool(at_risk)
+        hopeless = [x for x in at_risk if self._hopeless(x[0], x[1], now)]
+        hopeful = [x for x in at_risk if x not in hopeless]
+        return self._multiplex_at_risk(hopeful, multiplex, now) + [
+            self._demoted(req, source) for req, source, _ in hopeless
+            if req.id not in self._demoted_ids]
+
+    def _multiplex_at_risk(self, at_risk: list[tuple[Request, WorkerState, float]],
+                           multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, list[Request]] = {w.id: [] for w in multiplex}
         moves = []
         for req, source, finish in sorted(at_risk, key=lambda x: x[0].prompt_len):
@@ -104,6 +118,18 @@ class TropicalPolicy(Policy):
                 plans[target.id].append(req)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
         return moves
+
+    def _hopeless(self, req: Request, source: WorkerState, now: float) -> bool:
+        """Would ``req`` miss its TTFT even if its prefill started right now (tropical+ only)?"""
+        return (self.toggle.demote_doomed
+                and now + source.prefill_cost(req) - req.arrival > req.slo.ttft)
+
+    def _demoted(self, req: Request, source: WorkerState) -> Assignment:
+        """Send a hopeless request to the back of its queue so that others can still attain."""
+        self._demoted_ids.add(req.id)
+        return Assignment(req, source.id, Path.FALLBACK,
+                          "TTFT already out of reach; yielded its place in the prefill queue",
+                          source.id)
 
     def _path1(self, req: Request, prefill: list[WorkerState],
                now: float) -> tuple[WorkerState | None, float]:

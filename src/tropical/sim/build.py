@@ -61,8 +61,9 @@ def experiment(cfg: SimConfig) -> Experiment:
     cluster = homogeneous(cfg.cluster, cfg.model, cfg.gpu, cfg.tp, cfg.workers,
                           latency_factory(cfg), cfg.memory_utilization)
     params = PolicyParams(
-        max_batched_tokens=cfg.max_batched_tokens or cluster.max_context,
+        max_batched_tokens=cfg.max_batched_tokens, max_context=cluster.max_context,
         chunk_budget=cfg.chunk_budget, max_seqs=cfg.max_seqs, num_prefill=cfg.prefill_workers,
-        watermark=cfg.watermark, slack=slack_rule(cfg.slack), lookahead=cfg.lookahead)
+        watermark=cfg.watermark, slack=slack_rule(cfg.slack), lookahead=cfg.lookahead,
+        demote_doomed=cfg.demote_doomed)
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
     return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale)

@@ -66,4 +66,5 @@ def experiment(cfg: SimConfig) -> Experiment:
         watermark=cfg.watermark, slack=slack_rule(cfg.slack), lookahead=cfg.lookahead,
         demote_doomed=cfg.demote_doomed)
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
-    return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale)
+    return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale,
+                      cfg.predictor_noise, cfg.seed)

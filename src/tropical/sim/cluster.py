@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tropical.core.latency.model import LatencyModel
+from tropical.core.latency.noisy import NoisyModel
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.kv import KVPool
@@ -46,15 +47,24 @@ class ClusterSpec:
     def max_context(self) -> int:
         return min(w.replica.model.max_context for w in self.workers)
 
-    def build(self, policy: Policy) -> list[WorkerState]:
-        """Fresh worker states with the policy's roles and batch rules."""
+    def build(self, policy: Policy, predictor_noise: float = 0.0, seed: int = 0) -> list[WorkerState]:
+        """Fresh worker states with the policy's roles and batch rules.
+
+        Their ``latency`` is what the policy predicts with: the true model, or the true model
+        with ``predictor_noise`` relative error (see ``NoisyModel``).
+        """
         roles = policy.roles(len(self.workers))
         return [
             WorkerState(i, role, policy.rules(role),
                         KVPool.for_tokens(spec.kv_capacity_tokens, self.block_size),
-                        spec.latency)
+                        NoisyModel(spec.latency, predictor_noise, seed + i) if predictor_noise
+                        else spec.latency)
             for i, (spec, role) in enumerate(zip(self.workers, roles, strict=True))
         ]
+
+    @property
+    def truth(self) -> list[LatencyModel]:
+        return [spec.latency for spec in self.workers]
 
 
 LatencyFactory = Callable[[ReplicaSpec], LatencyModel]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tropical.core.latency.model import LatencyModel
 from tropical.sched.worker import WorkerState
 
 
@@ -25,8 +26,8 @@ class DecodeRun:
     slope: float
 
     @classmethod
-    def start(cls, worker: WorkerState, steps: int) -> DecodeRun:
-        intercept, slope = worker.latency.decode_line(worker.batch_size)
+    def start(cls, worker: WorkerState, steps: int, latency: LatencyModel) -> DecodeRun:
+        intercept, slope = latency.decode_line(worker.batch_size)
         return cls(steps, worker.batch_size, worker.decode_context, intercept, slope)
 
     def elapsed(self, k: int) -> float:

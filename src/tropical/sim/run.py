@@ -26,6 +26,8 @@ class Experiment:
     params: PolicyParams = field(default_factory=PolicyParams)
     slo: SLOSpec = field(default_factory=SLOSpec)
     rate_scale: float = 1.0
+    predictor_noise: float = 0.0
+    seed: int = 0
 
     def at_rate(self, rate_scale: float) -> Experiment:
         return replace(self, rate_scale=rate_scale)
@@ -87,11 +89,11 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     simulated then count as failed, so the summary's attainment is a lower bound below it.
     """
     policy = make_policy(exp.policy, exp.params)
-    workers = exp.cluster.build(policy)
+    workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed)
     requests = make_requests(exp)
     budget = None if stop_below is None else int((1 - stop_below) * len(requests))
     started = time.perf_counter()
-    sim = Simulator(workers, policy, requests, exp.cluster.max_context, budget)
+    sim = Simulator(workers, policy, requests, exp.cluster.max_context, budget, exp.cluster.truth)
     sim.run()
     wall = time.perf_counter() - started
     return SimResult(exp, summarize(requests), requests, [w.role for w in workers],

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import attains
 from tropical.core.request import Request
 from tropical.sched.admission import admission_error
@@ -49,10 +50,14 @@ class Simulator:
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
                  requests: Sequence[Request], max_context: int | None = None,
-                 miss_budget: int | None = None) -> None:
+                 miss_budget: int | None = None,
+                 truth: Sequence[LatencyModel] | None = None) -> None:
         """``miss_budget``: stop once more requests than this have missed their SLO (a capacity
-        search only needs to know the target is out of reach); the rest are marked failed."""
+        search only needs to know the target is out of reach); the rest are marked failed.
+        ``truth``: the latency models that time execution, one per worker, when the policy's
+        predictors (the workers' ``latency``) are not exact."""
         self.workers = list(workers)
+        self.truth = list(truth) if truth is not None else [w.latency for w in self.workers]
         self.max_context = max_context
         self.miss_budget = miss_budget
         self.misses = 0
@@ -134,14 +139,14 @@ class Simulator:
         version = next(self._versions)
         if batch.decode_only:
             steps = 1 if self.policy.wants_iteration_events() else worker.steps_to_next_finish()
-            run = DecodeRun.start(worker, steps)
+            run = DecodeRun.start(worker, steps, self.truth[worker.id])
             flight = Flight(self.now, self.now + run.duration, version, run=run)
             worker.busy_until = self.now + run.iteration(1)
         else:
             for req, _, _ in batch.prefills:
                 if req.prefill_start is None:
                     req.prefill_start = self.now
-            duration = worker.latency.iteration_time(batch.shape)
+            duration = self.truth[worker.id].iteration_time(batch.shape)
             flight = Flight(self.now, self.now + duration, version, batch=batch)
             worker.busy_until = flight.end
         self._flights[worker.id] = flight
@@ -219,7 +224,7 @@ class Simulator:
             self._stalled.append((req, source))
             return
         target.expect_migration(req)
-        req.migration_time = source.latency.transfer_time(req.prompt_len)
+        req.migration_time = self.truth[source.id].transfer_time(req.prompt_len)
         self._push(self.now + req.migration_time, _MIGRATED, (req, source.id, target.id))
 
     def _migrated(self, req: Request, source_id: int, target_id: int) -> None:

@@ -1,0 +1,38 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.factories import linear_model
+from tropical.core.latency.model import decode_time
+from tropical.core.latency.noisy import NoisyModel
+from tropical.core.latency.shape import BatchShape
+
+
+@given(st.integers(1, 20000), st.integers(0, 20000), st.integers(0, 64))
+def test_errors_stay_within_the_bound_and_repeat(new, cached, decodes):
+    truth = linear_model()
+    noisy = NoisyModel(truth, 0.25, seed=7)
+    shape = BatchShape.of_spans([(new, cached)], [1000] * decodes)
+    ratio = noisy.iteration_time(shape) / truth.iteration_time(shape)
+    assert 0.75 <= ratio <= 1.25
+    assert noisy.iteration_time(shape) == NoisyModel(truth, 0.25, seed=7).iteration_time(shape)
+
+
+def test_noise_actually_moves_predictions():
+    truth = linear_model()
+    noisy = NoisyModel(truth, 0.1, seed=1)
+    shapes = [BatchShape.prefill(n) for n in range(100, 200)]
+    ratios = {round(noisy.iteration_time(s) / truth.iteration_time(s), 6) for s in shapes}
+    assert len(ratios) > 50 and min(ratios) < 0.97 and max(ratios) > 1.03
+
+
+def test_decode_line_stays_a_line():
+    noisy = NoisyModel(linear_model(), 0.25, seed=3)
+    assert noisy.iteration_time(BatchShape.decode(8, 5000)) != pytest.approx(0)
+    intercept, slope = noisy.decode_line(8)
+    assert decode_time(noisy, 8, 5000) == pytest.approx(intercept + slope * 5000)
+
+
+def test_noise_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="noise"):
+        NoisyModel(linear_model(), 1.5)

@@ -74,6 +74,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from tropical.report.markdown import write_report
+    from tropical.report.plots import write_all
+    from tropical.sim.build import experiment, trace_slice
+    from tropical.sim.reproduce import reproduce
+
+    cfg = _config(args)
+    rep = reproduce(experiment(cfg), lambda name: trace_slice(cfg, name, args.sensitivity_limit),
+                    processes=args.jobs, sensitivity=not args.no_sensitivity, progress=not args.json)
+    out = Path(args.out)
+    write_all(rep, out)
+    report = write_report(rep, out)
+    (out / "reproduction.json").write_text(json.dumps(rep.as_dict(), indent=2))
+    if args.json:
+        print(json.dumps({"capacity_rps": rep.as_dict()["capacity_rps"],
+                          "ratio_vs_best_baseline": rep.ratio_vs_best_baseline(),
+                          "report": str(report)}))
+    else:
+        print(capacity_table(rep.capacity, 0.9))
+        print(f"report: {report}")
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from tropical.calibration.command import calibrate_main
 
@@ -97,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--tol", type=float, default=0.02, help="relative tolerance of the rate")
     sweep.add_argument("--jobs", type=int, default=2, help="policies searched in parallel")
     sweep.set_defaults(func=cmd_sweep)
+    rep = sub.add_parser("reproduce", help="the paper's evaluation: capacities, latencies, plots, report")
+    _add_sim_options(rep)
+    rep.add_argument("--out", default="out/reproduce", help="directory for report.md and plots")
+    rep.add_argument("--jobs", type=int, default=2, help="simulations in parallel")
+    rep.add_argument("--sensitivity-limit", type=int, default=4000,
+                     help="requests of each trace used by the sensitivity studies")
+    rep.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity studies")
+    rep.set_defaults(func=cmd_reproduce)
     cal = sub.add_parser("calibrate", help="fit the roofline model to Vidur's measured profiles")
     cal.add_argument("--vidur", default="../shared/data/profiles/vidur")
     cal.add_argument("--out", help="directory for the calibrated JSON files")

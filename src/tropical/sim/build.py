@@ -56,6 +56,11 @@ def arrivals(trace: Trace, how: str, seed: int) -> Trace:
     return ARRIVALS[how](trace, seed)
 
 
+def trace_slice(cfg: SimConfig, name: str, limit: int | None) -> Trace:
+    """The first ``limit`` requests of trace ``name`` with the configured arrivals."""
+    return arrivals(take(load_trace(name), limit), cfg.arrivals, cfg.seed)
+
+
 def experiment(cfg: SimConfig) -> Experiment:
     trace = arrivals(take(load_trace(cfg.trace), cfg.limit, cfg.start_s, cfg.end_s), cfg.arrivals, cfg.seed)
     cluster = homogeneous(cfg.cluster, cfg.model, cfg.gpu, cfg.tp, cfg.workers,

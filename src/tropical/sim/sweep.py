@@ -1,19 +1,25 @@
-"""Goodput capacity per policy: bisection over the trace's rate scale, policies in parallel."""
+"""Many simulations at once: capacity searches and plain runs, spread over processes.
+
+Each simulation reports to a shared queue when it ends, so one progress bar counts every
+simulated run across the worker processes.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queues
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
 from tropical.core.capacity import CapacityResult, find_capacity
-from tropical.sim.run import Experiment, simulate
+from tropical.sim.run import Experiment, SimResult, simulate
 
-_progress: mp.Queue | None = None
+K = TypeVar("K", bound=Hashable)
+_progress: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,41 +35,73 @@ class PolicyCapacity:
         return self.result.rate_scale * self.base_rate
 
 
+def _tick(label: str) -> None:
+    if _progress is not None:
+        _progress.put(label)
+
+
 def capacity(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> PolicyCapacity:
     """Highest rate scale of ``exp`` at which at least ``target`` of requests attain."""
 
     def attainment(scale: float) -> float:
         value = simulate(exp.at_rate(scale), stop_below=target).summary.attainment
-        if _progress is not None:
-            _progress.put(exp.policy)
+        _tick(exp.policy)
         return value
 
     result = find_capacity(attainment, target=target, rel_tol=rel_tol, start=exp.rate_scale)
     return PolicyCapacity(exp.policy, result, exp.trace.mean_rate)
 
 
-def _init_worker(queue: mp.Queue) -> None:
+def simulate_and_tick(exp: Experiment) -> SimResult:
+    result = simulate(exp)
+    _tick(exp.policy)
+    return result
+
+
+def _init_worker(progress: Any) -> None:
     global _progress
-    _progress = queue
+    _progress = progress
+
+
+def run_all(fn: Callable[..., Any], jobs: Mapping[K, tuple], processes: int = 2,
+            progress: str | None = "simulations") -> dict[K, Any]:
+    """``fn(*args)`` for every job, ``processes`` at a time; a bar counts simulated runs."""
+    manager = mp.Manager()
+    ticks = manager.Queue()
+    with ProcessPoolExecutor(max_workers=max(1, processes), initializer=_init_worker,
+                             initargs=(ticks,)) as pool:
+        futures = {key: pool.submit(fn, *args) for key, args in jobs.items()}
+        with tqdm(desc=progress, unit="sim", disable=progress is None) as bar:
+            while not all(f.done() for f in futures.values()) or not ticks.empty():
+                _drain(ticks, bar)
+        results = {key: f.result() for key, f in futures.items()}
+    manager.shutdown()
+    return results
+
+
+def capacities(jobs: Mapping[K, Experiment], target: float = 0.9, rel_tol: float = 0.02,
+               processes: int = 2, progress: str | None = "capacity search") -> dict[K, PolicyCapacity]:
+    """Capacity of every experiment in ``jobs``."""
+    return run_all(capacity, {k: (e, target, rel_tol) for k, e in jobs.items()}, processes, progress)
+
+
+def simulations(jobs: Mapping[K, Experiment], processes: int = 2,
+                progress: str | None = "simulations") -> dict[K, SimResult]:
+    """One plain run of every experiment in ``jobs``."""
+    return run_all(simulate_and_tick, {k: (e,) for k, e in jobs.items()}, processes, progress)
 
 
 def sweep(exp: Experiment, policies: Sequence[str], target: float = 0.9, rel_tol: float = 0.02,
           jobs: int = 2, show_progress: bool = True) -> dict[str, PolicyCapacity]:
-    """Capacity of each policy on the same experiment, ``jobs`` policies at a time."""
-    queue: mp.Queue = mp.Manager().Queue()
-    with ProcessPoolExecutor(max_workers=max(1, jobs), initializer=_init_worker,
-                             initargs=(queue,)) as pool:
-        futures = {p: pool.submit(capacity, exp.with_policy(p), target, rel_tol) for p in policies}
-        with tqdm(desc="capacity search", unit="sim", disable=not show_progress) as bar:
-            while not all(f.done() for f in futures.values()) or not queue.empty():
-                _drain(queue, bar)
-        return {p: f.result() for p, f in futures.items()}
+    """Capacity of each policy on the same experiment."""
+    return capacities({p: exp.with_policy(p) for p in policies}, target, rel_tol, jobs,
+                      "capacity search" if show_progress else None)
 
 
-def _drain(queue: mp.Queue, bar: tqdm) -> None:
+def _drain(ticks: Any, bar: tqdm) -> None:
     try:
-        policy = queue.get(timeout=0.2)
+        label = ticks.get(timeout=0.2)
     except queues.Empty:
         return
-    bar.set_postfix_str(policy)
+    bar.set_postfix_str(label)
     bar.update()

@@ -131,7 +131,7 @@ def _share_baselines(study: Study, source: str, policies: tuple[str, ...]) -> No
     """Copy capacities that a variant cannot change (baselines ignore predictions; colocated
     workers have no roles) from ``source`` into every other variant, so each row has its own
     best baseline."""
-    for variant, caps in study.capacity.items():
+    for caps in study.capacity.values():
         for p in policies:
             caps.setdefault(p, study.capacity[source][p])
 

@@ -9,9 +9,11 @@ request miss its TPOT SLO as long as plain decode iterations fit the SLO.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
 
-from tropical.sched.worker import WorkerState
+from tropical.core.request import Request
 
 
 class SlackRule(str, Enum):
@@ -19,17 +21,19 @@ class SlackRule(str, Enum):
     BANKED = "banked"
 
 
-def fits_tpot(worker: WorkerState, iteration: float, start: float, rule: SlackRule,
-              steps_ahead: int = 0) -> bool:
-    """Would an iteration of ``iteration`` seconds starting at ``start`` keep every TPOT SLO?
+@dataclass(frozen=True, slots=True)
+class Decoding:
+    """A request that decodes in the iteration being planned: its SLO, its tokens by the
+    iteration's start, and when its first token came."""
 
-    ``steps_ahead`` counts decode iterations that run before it (1 while one is in flight).
-    """
+    request: Request
+    generated: int
+    first_token: float
+
+
+def fits_tpot(decodes: Iterable[Decoding], iteration: float, start: float, rule: SlackRule) -> bool:
+    """Would an iteration of ``iteration`` seconds starting at ``start`` keep every TPOT SLO?"""
     if rule is SlackRule.ITERATION:
-        return all(iteration <= req.slo.tpot for req in worker.running.values())
+        return all(iteration <= d.request.slo.tpot for d in decodes)
     end = start + iteration
-    for req in worker.running.values():
-        generated = worker.generated(req) + steps_ahead
-        if end - req.first_token > generated * req.slo.tpot:
-            return False
-    return True
+    return all(end - d.first_token <= d.generated * d.request.slo.tpot for d in decodes)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from tropical.core.latency.model import prefill_time
 from tropical.core.latency.shape import BatchShape, attention_pairs
@@ -21,7 +22,7 @@ from tropical.sched.baselines import split_roles
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import SlackRule, fits_tpot
+from tropical.sched.slack import Decoding, SlackRule, fits_tpot
 from tropical.sched.worker import WorkerState
 
 
@@ -179,8 +180,9 @@ class TropicalPolicy(Policy):
             return None
         busy = worker.busy_until > now
         start = worker.busy_until if busy else now
-        iteration = worker.latency.iteration_time(_next_shape(worker, prefills, busy))
-        if not fits_tpot(worker, iteration, start, self.toggle.slack, steps_ahead=int(busy)):
+        decodes = _next_decodes(worker, busy, start)
+        iteration = worker.latency.iteration_time(_next_shape(decodes, prefills))
+        if not fits_tpot(decodes, iteration, start, self.toggle.slack):
             return None
         return start + iteration
 
@@ -197,16 +199,25 @@ def _split(workers: Sequence[WorkerState]) -> tuple[list[WorkerState], list[Work
             [w for w in live if w.role is Role.MULTIPLEX])
 
 
-def _next_shape(worker: WorkerState, prefills: list[Request], busy: bool) -> BatchShape:
-    """The batch a multiplexing worker would run next: its decodes, landed KV, and prefills."""
-    decodes = worker.batch_size + len(worker.inbox)
-    context = (worker.decode_context + worker.batch_size * int(busy)
-               + sum(r.prompt_len + r.generated for r in worker.inbox))
+def _next_decodes(worker: WorkerState, busy: bool, start: float) -> list[Decoding]:
+    """Who decodes in ``worker``'s next iteration: its batch (one token further if an iteration
+    is in flight), KV that has landed, and prompts finishing in the iteration in flight."""
+    ahead = int(busy)
+    decodes = [Decoding(r, worker.generated(r) + ahead, r.first_token) for r in worker.running.values()]
+    decodes += [Decoding(r, r.generated, r.first_token) for r in worker.inbox]
+    if busy:
+        decodes += [Decoding(r, 1, start) for r in islice(worker.waiting, worker.batch_prefills)
+                    if r.computed == 0]
+    return decodes
+
+
+def _next_shape(decodes: list[Decoding], prefills: list[Request]) -> BatchShape:
+    """The batch a multiplexing worker would run next: those decodes plus the prefills."""
     return BatchShape(
         prefill_tokens=sum(r.remaining_prompt for r in prefills),
         prefill_pairs=sum(attention_pairs(r.remaining_prompt, r.computed) for r in prefills),
         prefill_cached=sum(r.computed for r in prefills),
         num_prefills=len(prefills),
-        decode_count=decodes,
-        decode_context=context,
+        decode_count=len(decodes),
+        decode_context=sum(d.request.prompt_len + d.generated for d in decodes),
     )

@@ -119,8 +119,11 @@ class Simulator:
                 self._cut_run(worker)
 
     def _apply(self, assignments: list) -> None:
-        for assignment in assignments:
-            self._wake(apply(assignment, self.workers))
+        """Hand over every decision first, then wake the workers: prefills the policy planned
+        for one iteration must start together."""
+        woken = {apply(a, self.workers).id: None for a in assignments}
+        for worker_id in woken:
+            self._wake(self.workers[worker_id])
 
     def _wake(self, worker: WorkerState) -> None:
         """New work reached ``worker``: start it if idle, else end its decode run early."""

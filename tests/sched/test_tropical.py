@@ -1,0 +1,155 @@
+"""The multiplexing toggle's guarantees, checked on simulated workloads with exact predictors."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.factories import linear_model, make_request, make_worker
+from tropical.core.metrics import summarize
+from tropical.core.request import Path
+from tropical.core.specs import ReplicaSpec, hardware
+from tropical.models import load_model_spec
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rules import Role
+from tropical.sched.slack import Decoding, SlackRule, fits_tpot
+from tropical.sim.cluster import ClusterSpec, WorkerSpec
+from tropical.sim.simulator import Simulator
+
+REPLICA = ReplicaSpec(load_model_spec("llama-2-7b"), hardware("a100"), tp=1)
+CLUSTER = ClusterSpec("t", (WorkerSpec(REPLICA, linear_model(), 60_000),) * 4)
+
+
+def bursty(spans, gap=0.02):
+    """Requests with SLOs at 5x their light-load latency on the test model."""
+    model = linear_model()
+    out = []
+    for i, (prompt, output) in enumerate(spans):
+        ttft = 5 * model.iteration_time(replace(_shape(prompt)))
+        tpot_slo = 5 * (model.decode_line(1)[0] + model.decode_line(1)[1] * prompt)
+        out.append(make_request(i, arrival=gap * i, prompt=prompt, output=output, ttft=ttft, tpot=tpot_slo))
+    return out
+
+
+def _shape(prompt):
+    from tropical.core.latency.shape import BatchShape
+    return BatchShape.prefill(prompt)
+
+
+def simulate(name, requests, **params):
+    policy = make_policy(name, PolicyParams(**params))
+    sim = Simulator(CLUSTER.build(policy), policy, requests)
+    return sim, sim.run()
+
+
+spans = st.lists(st.tuples(st.integers(16, 4000), st.integers(2, 80)), min_size=5, max_size=60)
+
+
+class Watched(Simulator):
+    """Records every iteration in which a multiplexing worker runs a Path 2 prefill."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.mixed = []
+
+    def _start(self, worker):
+        super()._start(worker)
+        flight = self._flights.get(worker.id)
+        if flight is None or flight.batch is None or worker.role is not Role.MULTIPLEX:
+            return
+        if any(r.path is Path.MULTIPLEX for r, _, _ in flight.batch.prefills):
+            decoding = [(r, worker.generated(r)) for r in worker.running.values()]
+            self.mixed.append((flight.start, flight.end, decoding))
+
+
+class Recording:
+    """Delegates to a policy and notes the KV usage each Path 2 admission leads to."""
+
+    def __init__(self, inner):
+        self.inner, self.usage = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _note(self, assignments, workers):
+        for a in assignments:
+            if a.path is Path.MULTIPLEX:
+                w = workers[a.worker_id]
+                pending = [r for r in w.queued() if r.id not in w.holds] + [a.request]
+                blocks = w.kv.used_blocks + sum(w.kv.blocks_for(r.kv_tokens) for r in pending)
+                self.usage.append(blocks / w.kv.capacity_blocks)
+        return assignments
+
+    def on_arrival(self, req, now, workers):
+        return self._note(self.inner.on_arrival(req, now, workers), workers)
+
+    def on_iteration_end(self, worker, now, workers):
+        return self._note(self.inner.on_iteration_end(worker, now, workers), workers)
+
+
+@settings(max_examples=30, deadline=None)
+@given(spans, st.sampled_from(list(SlackRule)))
+def test_path2_never_breaks_tpot_with_exact_predictor(lengths, rule):
+    policy = make_policy("tropical", PolicyParams(slack=rule))
+    sim = Watched(CLUSTER.build(policy), policy, bursty(lengths))
+    sim.run()
+    for start, end, decoding in sim.mixed:
+        for req, generated in decoding:
+            if rule is SlackRule.ITERATION:
+                assert end - start <= req.slo.tpot * (1 + 1e-9)
+            else:
+                assert end - req.first_token <= generated * req.slo.tpot * (1 + 1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(spans)
+def test_path2_admission_never_crosses_the_watermark(lengths):
+    policy = Recording(make_policy("tropical", PolicyParams(watermark=0.5)))
+    Simulator(CLUSTER.build(policy), policy, bursty(lengths, gap=0.005)).run()
+    assert all(usage <= 0.5 + 1e-9 for usage in policy.usage)
+
+
+@pytest.mark.parametrize("name", ["tropical", "tropical+"])
+def test_every_decision_is_recorded_and_nothing_starves(name):
+    requests = bursty([(200 + (97 * i) % 3500, 2 + (13 * i) % 60) for i in range(150)], gap=0.01)
+    _, done = simulate(name, requests)
+    assert all(r.path is not Path.NONE and r.reason for r in done)
+    assert all(r.error is None and r.generated == r.output_len for r in done)
+    assert {r.path for r in done} >= {Path.PREFILL_WORKER, Path.MULTIPLEX}
+
+
+def test_zero_multiplexing_capacity_behaves_like_disagg():
+    lengths = [(300 + (131 * i) % 3000, 2 + (17 * i) % 50) for i in range(120)]
+    _, toggle = simulate("tropical", bursty(lengths), watermark=0.0)
+    _, disagg = simulate("disagg", bursty(lengths))
+    assert all(r.path in (Path.PREFILL_WORKER, Path.FALLBACK) for r in toggle)
+    assert all(r.prefill_worker in (0, 1) and r.decode_worker in (2, 3) for r in toggle)
+    a, b = summarize(toggle), summarize(disagg)
+    assert a.attainment == pytest.approx(b.attainment, abs=0.05)
+    assert a.ttft.p50 == pytest.approx(b.ttft.p50, rel=0.1)
+
+
+def test_iteration_rule_bounds_the_stretched_iteration():
+    worker = make_worker(Role.MULTIPLEX)
+    req = make_request(output=20, tpot=0.05)
+    worker.enqueue(req)
+    worker.reserve(req)
+    worker.complete_prefill(req, req.prompt_len, now=0.0)
+    decodes = [Decoding(req, worker.generated(req), req.first_token)]
+    assert fits_tpot(decodes, 0.05, start=0.0, rule=SlackRule.ITERATION)
+    assert not fits_tpot(decodes, 0.051, start=0.0, rule=SlackRule.ITERATION)
+
+
+def test_banked_rule_spends_time_saved_so_far():
+    worker = make_worker(Role.MULTIPLEX)
+    req = make_request(output=20, tpot=0.05)
+    worker.enqueue(req)
+    worker.reserve(req)
+    worker.complete_prefill(req, req.prompt_len, now=0.0)
+    worker.advance_decodes(9, now=0.1)              # 10 tokens in 0.1 s: 0.4 s of budget left
+    assert worker.generated(req) == 10
+    decodes = [Decoding(req, worker.generated(req), req.first_token)]
+    assert fits_tpot(decodes, 0.4, start=0.1, rule=SlackRule.BANKED)
+    assert not fits_tpot(decodes, 0.41, start=0.1, rule=SlackRule.BANKED)
+    assert not fits_tpot(decodes, 0.4, start=0.1, rule=SlackRule.ITERATION)

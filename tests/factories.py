@@ -28,3 +28,11 @@ def make_worker(role: Role = Role.COLOCATED, rules: BatchRules | None = None,
                 kv_tokens: int = 100_000, wid: int = 0) -> WorkerState:
     return WorkerState(wid, role, rules or BatchRules(), KVPool.for_tokens(kv_tokens),
                        linear_model())
+
+
+def start_decoding(worker: WorkerState, req: Request, now: float = 0.0) -> Request:
+    """Queue, admit and prefill ``req`` on ``worker`` so that it decodes there from ``now``."""
+    worker.enqueue(req)
+    worker.reserve(req)
+    worker.complete_prefill(req, req.prompt_len, now=now)
+    return req

@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_options(rep)
     rep.add_argument("--out", default="out/reproduce", help="directory for report.md and plots")
     rep.add_argument("--jobs", type=int, default=2, help="simulations in parallel")
-    rep.add_argument("--sensitivity-limit", type=int, default=4000,
+    rep.add_argument("--sensitivity-limit", type=int, default=3000,
                      help="requests of each trace used by the sensitivity studies")
     rep.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity studies")
     rep.set_defaults(func=cmd_reproduce)

@@ -1,4 +1,4 @@
-from tests.factories import make_request, make_worker
+from tests.factories import make_request, make_worker, start_decoding
 from tropical.core.latency.shape import attention_pairs
 from tropical.sched.batching import form_batch
 from tropical.sched.rules import BatchRules, Role
@@ -11,9 +11,7 @@ def decoding_worker(rules, n_decoding=3):
     worker = make_worker(rules=rules)
     for i in range(n_decoding):
         req = make_request(100 + i, output=50)
-        worker.enqueue(req)
-        worker.reserve(req)
-        worker.complete_prefill(req, req.prompt_len, now=0.0)
+        start_decoding(worker, req)
     return worker
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.factories import linear_model, make_request, make_worker
+from tests.factories import linear_model, make_request, make_worker, start_decoding
 from tropical.core.metrics import summarize
 from tropical.core.request import Path
 from tropical.core.specs import ReplicaSpec, hardware
@@ -133,9 +133,7 @@ def test_zero_multiplexing_capacity_behaves_like_disagg():
 def test_iteration_rule_bounds_the_stretched_iteration():
     worker = make_worker(Role.MULTIPLEX)
     req = make_request(output=20, tpot=0.05)
-    worker.enqueue(req)
-    worker.reserve(req)
-    worker.complete_prefill(req, req.prompt_len, now=0.0)
+    start_decoding(worker, req)
     decodes = [Decoding(req, worker.generated(req), req.first_token)]
     assert fits_tpot(decodes, 0.05, start=0.0, rule=SlackRule.ITERATION)
     assert not fits_tpot(decodes, 0.051, start=0.0, rule=SlackRule.ITERATION)
@@ -144,9 +142,7 @@ def test_iteration_rule_bounds_the_stretched_iteration():
 def test_banked_rule_spends_time_saved_so_far():
     worker = make_worker(Role.MULTIPLEX)
     req = make_request(output=20, tpot=0.05)
-    worker.enqueue(req)
-    worker.reserve(req)
-    worker.complete_prefill(req, req.prompt_len, now=0.0)
+    start_decoding(worker, req)
     worker.advance_decodes(9, now=0.1)              # 10 tokens in 0.1 s: 0.4 s of budget left
     assert worker.generated(req) == 10
     decodes = [Decoding(req, worker.generated(req), req.first_token)]

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.factories import make_request, make_worker
+from tests.factories import make_request, make_worker, start_decoding
 from tropical.sched.rules import Role
 
 
@@ -8,9 +8,7 @@ def test_lazy_decode_tracks_each_request_exactly():
     worker = make_worker()
     short, long = make_request(0, output=3), make_request(1, output=6)
     for req in (short, long):
-        worker.enqueue(req)
-        worker.reserve(req)
-        worker.complete_prefill(req, req.prompt_len, now=0.0)
+        start_decoding(worker, req)
     assert worker.batch_size == 2 and worker.decode_context == 2 * 101
     assert worker.steps_to_next_finish() == 2
     assert worker.advance_decodes(2, now=1.0) == [short]
@@ -23,9 +21,7 @@ def test_lazy_decode_tracks_each_request_exactly():
 def test_a_run_may_not_skip_past_a_finish():
     worker = make_worker()
     req = make_request(output=3)
-    worker.enqueue(req)
-    worker.reserve(req)
-    worker.complete_prefill(req, 100, now=0.0)
+    start_decoding(worker, req)
     with pytest.raises(AssertionError):
         worker.advance_decodes(3, now=1.0)
 
@@ -56,9 +52,7 @@ def test_prefill_worker_holds_only_the_prompt_and_keeps_request_for_migration():
 def test_abort_mid_decode_frees_everything():
     worker = make_worker()
     req = make_request(output=10)
-    worker.enqueue(req)
-    worker.reserve(req)
-    worker.complete_prefill(req, 100, now=0.0)
+    start_decoding(worker, req)
     worker.advance_decodes(4, now=1.0)
     worker.abort(req)
     assert worker.kv.used_blocks == 0 and worker.decode_context == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tropical.core.latency.shape import BatchShape, attention_pairs
+from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.worker import WorkerState
 
@@ -24,14 +24,8 @@ class Batch:
 
     @property
     def shape(self) -> BatchShape:
-        return BatchShape(
-            prefill_tokens=sum(new for _, new, _ in self.prefills),
-            prefill_pairs=sum(attention_pairs(new, cached) for _, new, cached in self.prefills),
-            prefill_cached=sum(cached for _, _, cached in self.prefills),
-            num_prefills=len(self.prefills),
-            decode_count=self.decode_count,
-            decode_context=self.decode_context,
-        )
+        return BatchShape.of_batch([(new, cached) for _, new, cached in self.prefills],
+                                   self.decode_count, self.decode_context)
 
     @property
     def is_empty(self) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from tropical.core.latency.model import prefill_time
-from tropical.core.latency.shape import BatchShape, attention_pairs
+from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Path, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.policy import Assignment, Policy
@@ -213,11 +213,5 @@ def _next_decodes(worker: WorkerState, busy: bool, start: float) -> list[Decodin
 
 def _next_shape(decodes: list[Decoding], prefills: list[Request]) -> BatchShape:
     """The batch a multiplexing worker would run next: those decodes plus the prefills."""
-    return BatchShape(
-        prefill_tokens=sum(r.remaining_prompt for r in prefills),
-        prefill_pairs=sum(attention_pairs(r.remaining_prompt, r.computed) for r in prefills),
-        prefill_cached=sum(r.computed for r in prefills),
-        num_prefills=len(prefills),
-        decode_count=len(decodes),
-        decode_context=sum(d.request.prompt_len + d.generated for d in decodes),
-    )
+    return BatchShape.of_batch([(r.remaining_prompt, r.computed) for r in prefills], len(decodes),
+                               sum(d.request.prompt_len + d.generated for d in decodes))

@@ -32,14 +32,20 @@ class BatchShape:
 
     @classmethod
     def of_spans(cls, prefills: list[tuple[int, int]], decode_contexts: list[int]) -> BatchShape:
-        """Build from explicit spans; tests and the profiler use this, hot paths add sums."""
+        """Build from explicit spans (new tokens, cached tokens) and decode contexts."""
+        return cls.of_batch(prefills, len(decode_contexts), sum(decode_contexts))
+
+    @classmethod
+    def of_batch(cls, prefills: list[tuple[int, int]], decode_count: int,
+                 decode_context: int) -> BatchShape:
+        """Prefill spans (new, cached) plus decodes already summed (the schedulers keep sums)."""
         return cls(
             prefill_tokens=sum(new for new, _ in prefills),
             prefill_pairs=sum(attention_pairs(new, cached) for new, cached in prefills),
             prefill_cached=sum(cached for _, cached in prefills),
             num_prefills=len(prefills),
-            decode_count=len(decode_contexts),
-            decode_context=sum(decode_contexts),
+            decode_count=decode_count,
+            decode_context=decode_context,
         )
 
     @classmethod

@@ -80,3 +80,22 @@ def test_config_setting_of_the_wrong_type_is_refused(tmp_path):
     cfg.write_text('max_batched_tokens = "many"\n')
     with pytest.raises(ValueError, match="max_batched_tokens must be int"):
         SimConfig().updated(read_config_file(cfg), str(cfg))
+
+
+def test_workers_may_be_on_different_gpus(capsys):
+    out = run_json(capsys, "sim", "--policy", "disagg", "--limit", "200", "--rate-scale", "0.2",
+                   "--gpu", "h100-80gb,h100-80gb,a100-80gb,a100-80gb", "--json")
+    prefill = [w["prefill_tokens"] for w in out["workers"]]
+    assert prefill[0] > 0 and prefill[2] == 0
+    with pytest.raises(ValueError, match="names 3 GPUs"):
+        from tropical.sim.build import worker_gpus
+        worker_gpus(SimConfig(gpu="a100,a100,h100", workers=4))
+
+
+def test_slo_classes_give_requests_their_own_targets(capsys, profile):
+    loose_half = run_json(capsys, "sim", "--policy", "chunked", "--limit", "300", "--profile", profile,
+                          "--rate-scale", "5", "--slo-classes", "0.5:ttft_ms=1e9:tpot_ms=1e9,0.5:ttft_ms=1",
+                          "--json")
+    assert 0.35 < loose_half["attainment"] < 0.65
+    assert main(["sim", "--slo-classes", "0.5:latency=3", "--profile", profile]) == 2
+    assert "SLO class" in capsys.readouterr().err

@@ -45,6 +45,7 @@ class SimConfig:
     tpot_scale: float = 5.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    slo_classes: str | None = None
     max_batched_tokens: int = 4096
     chunk_budget: int = 2048
     max_seqs: int = 256

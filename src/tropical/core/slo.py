@@ -7,6 +7,7 @@ context). Absolute targets in milliseconds override the scales.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
@@ -42,3 +43,23 @@ class SLOSpec:
         tpot = (self.tpot_ms / 1e3 if self.tpot_ms is not None
                 else self.tpot_scale * decode_time(reference, 1, prompt_len))
         return SLO(ttft=ttft, tpot=tpot)
+
+
+@dataclass(frozen=True, slots=True)
+class SLOMix:
+    """Per-request SLO classes: each request draws one class, by share, from a seeded stream."""
+
+    classes: tuple[tuple[float, SLOSpec], ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        shares = [share for share, _ in self.classes]
+        if not shares or any(s <= 0 for s in shares):
+            raise ValueError("SLO classes need positive shares")
+
+    def assign(self, count: int) -> list[SLOSpec]:
+        """The class of each of ``count`` requests (a deterministic draw for the seed)."""
+        rng = random.Random(self.seed)
+        weights = [share for share, _ in self.classes]
+        specs = [spec for _, spec in self.classes]
+        return rng.choices(specs, weights=weights, k=count)

@@ -8,10 +8,10 @@ from pathlib import Path
 from tropical.calibration.store import load_roofline
 from tropical.config import SimConfig
 from tropical.core.latency.fitted import FittedModel
-from tropical.core.slo import SLOSpec
+from tropical.core.slo import SLOMix, SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
-from tropical.sim.cluster import LatencyFactory, homogeneous
+from tropical.sim.cluster import LatencyFactory, replicas
 from tropical.sim.run import Experiment
 from tropical.workload.catalog import load_trace
 from tropical.workload.trace import Trace
@@ -56,6 +56,30 @@ def arrivals(trace: Trace, how: str, seed: int) -> Trace:
     return ARRIVALS[how](trace, seed)
 
 
+def parse_slo_classes(text: str, seed: int) -> SLOMix:
+    """``0.3:ttft_ms=2000:tpot_ms=80,0.7:ttft_scale=10`` → classes with shares 0.3 and 0.7."""
+    classes = []
+    for item in text.split(","):
+        share, *settings = item.strip().split(":")
+        try:
+            fields = {k: float(v) for k, v in (s.split("=", 1) for s in settings)}
+            classes.append((float(share), SLOSpec(**fields)))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"SLO class {item.strip()!r}: expected share:key=value:..., with keys "
+                             f"ttft_scale, tpot_scale, ttft_ms, tpot_ms ({err})") from None
+    return SLOMix(tuple(classes), seed)
+
+
+def worker_gpus(cfg: SimConfig) -> list[str]:
+    """``--gpu a100`` means every worker; ``--gpu a100,a100,h100,h100`` names each one."""
+    gpus = [g.strip() for g in cfg.gpu.split(",") if g.strip()]
+    if len(gpus) == 1:
+        return gpus * cfg.workers
+    if len(gpus) != cfg.workers:
+        raise ValueError(f"--gpu names {len(gpus)} GPUs but the cluster has {cfg.workers} workers")
+    return gpus
+
+
 def trace_slice(cfg: SimConfig, name: str, limit: int | None) -> Trace:
     """The first ``limit`` requests of trace ``name`` with the configured arrivals."""
     return arrivals(take(load_trace(name), limit), cfg.arrivals, cfg.seed)
@@ -63,13 +87,14 @@ def trace_slice(cfg: SimConfig, name: str, limit: int | None) -> Trace:
 
 def experiment(cfg: SimConfig) -> Experiment:
     trace = arrivals(take(load_trace(cfg.trace), cfg.limit, cfg.start_s, cfg.end_s), cfg.arrivals, cfg.seed)
-    cluster = homogeneous(cfg.cluster, cfg.model, cfg.gpu, cfg.tp, cfg.workers,
-                          latency_factory(cfg), cfg.memory_utilization)
+    cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
+                       cfg.memory_utilization)
     params = PolicyParams(
         max_batched_tokens=cfg.max_batched_tokens, max_context=cluster.max_context,
         chunk_budget=cfg.chunk_budget, max_seqs=cfg.max_seqs, num_prefill=cfg.prefill_workers,
         watermark=cfg.watermark, slack=slack_rule(cfg.slack), lookahead=cfg.lookahead,
         demote_doomed=cfg.demote_doomed)
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
+    mix = parse_slo_classes(cfg.slo_classes, cfg.seed) if cfg.slo_classes else None
     return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale,
-                      cfg.predictor_noise, cfg.seed)
+                      cfg.predictor_noise, cfg.seed, mix)

@@ -70,14 +70,13 @@ class ClusterSpec:
 LatencyFactory = Callable[[ReplicaSpec], LatencyModel]
 
 
-def homogeneous(name: str, model: str, gpu: str, tp: int, num_workers: int,
-                latency: LatencyFactory, memory_utilization: float = 0.9) -> ClusterSpec:
-    """``num_workers`` identical replicas of ``model`` on ``tp`` GPUs each."""
-    replica = ReplicaSpec(load_model_spec(model), hardware(gpu), tp, memory_utilization)
-    spec = WorkerSpec(replica, latency(replica))
-    return ClusterSpec(name, (spec,) * num_workers)
-
-
-def paper_cluster(latency: LatencyFactory) -> ClusterSpec:
-    """DESIGN.md's setup: InternLM2-20B on 8 A100-80GB as 4 workers of TP=2 over NVLink."""
-    return homogeneous("paper", "internlm2-20b", "a100-80gb", tp=2, num_workers=4, latency=latency)
+def replicas(name: str, model: str, gpus: list[str], tp: int, latency: LatencyFactory,
+             memory_utilization: float = 0.9) -> ClusterSpec:
+    """One replica of ``model`` on ``tp`` GPUs per entry of ``gpus`` (kinds may differ), each
+    priced by its own latency model."""
+    spec = load_model_spec(model)
+    built: dict[str, WorkerSpec] = {}
+    for gpu in set(gpus):
+        replica = ReplicaSpec(spec, hardware(gpu), tp, memory_utilization)
+        built[gpu] = WorkerSpec(replica, latency(replica))
+    return ClusterSpec(name, tuple(built[gpu] for gpu in gpus))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from tropical.core.metrics import Summary, summarize
 from tropical.core.request import Request
-from tropical.core.slo import SLO, SLOSpec
+from tropical.core.slo import SLO, SLOMix, SLOSpec
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
 from tropical.sim.cluster import ClusterSpec
@@ -28,6 +28,7 @@ class Experiment:
     rate_scale: float = 1.0
     predictor_noise: float = 0.0
     seed: int = 0
+    slo_mix: SLOMix | None = None
 
     def at_rate(self, rate_scale: float) -> Experiment:
         return replace(self, rate_scale=rate_scale)
@@ -71,9 +72,12 @@ class SimResult:
 
 
 def request_slos(exp: Experiment) -> list[SLO]:
-    """Each trace entry's SLO, priced on the cluster's reference replica."""
+    """Each trace entry's SLO, priced on the cluster's reference replica (its class's spec when
+    the experiment mixes SLO classes)."""
     ref = exp.cluster.reference
-    return [exp.slo.resolve(e.input_len, ref) for e in exp.trace.entries]
+    entries = exp.trace.entries
+    specs = exp.slo_mix.assign(len(entries)) if exp.slo_mix else [exp.slo] * len(entries)
+    return [spec.resolve(e.input_len, ref) for spec, e in zip(specs, entries, strict=True)]
 
 
 def make_requests(exp: Experiment) -> list[Request]:

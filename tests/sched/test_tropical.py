@@ -13,7 +13,7 @@ from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
-from tropical.sched.slack import Decoding, SlackRule, fits_tpot
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget
 from tropical.sim.cluster import ClusterSpec, WorkerSpec
 from tropical.sim.simulator import Simulator
 
@@ -134,9 +134,9 @@ def test_iteration_rule_bounds_the_stretched_iteration():
     worker = make_worker(Role.MULTIPLEX)
     req = make_request(output=20, tpot=0.05)
     start_decoding(worker, req)
-    decodes = [Decoding(req, worker.generated(req), req.first_token)]
-    assert fits_tpot(decodes, 0.05, start=0.0, rule=SlackRule.ITERATION)
-    assert not fits_tpot(decodes, 0.051, start=0.0, rule=SlackRule.ITERATION)
+    budget = TpotBudget.of([Decoding(req, worker.generated(req), req.first_token)])
+    assert budget.fits(0.05, start=0.0, rule=SlackRule.ITERATION)
+    assert not budget.fits(0.051, start=0.0, rule=SlackRule.ITERATION)
 
 
 def test_banked_rule_spends_time_saved_so_far():
@@ -145,7 +145,7 @@ def test_banked_rule_spends_time_saved_so_far():
     start_decoding(worker, req)
     worker.advance_decodes(9, now=0.1)              # 10 tokens in 0.1 s: 0.4 s of budget left
     assert worker.generated(req) == 10
-    decodes = [Decoding(req, worker.generated(req), req.first_token)]
-    assert fits_tpot(decodes, 0.4, start=0.1, rule=SlackRule.BANKED)
-    assert not fits_tpot(decodes, 0.41, start=0.1, rule=SlackRule.BANKED)
-    assert not fits_tpot(decodes, 0.4, start=0.1, rule=SlackRule.ITERATION)
+    budget = TpotBudget.of([Decoding(req, worker.generated(req), req.first_token)])
+    assert budget.fits(0.4, start=0.1, rule=SlackRule.BANKED)
+    assert not budget.fits(0.41, start=0.1, rule=SlackRule.BANKED)
+    assert not budget.fits(0.4, start=0.1, rule=SlackRule.ITERATION)

@@ -70,6 +70,11 @@ class Policy(ABC):
         """True while the policy needs every iteration end (a simulator may skip them otherwise)."""
         return False
 
+    def check_step(self, worker: WorkerState) -> int | None:
+        """The decode step of ``worker`` at which the policy wants to be asked again, if any
+        (a substrate that skips iteration ends must stop there)."""
+        return None
+
     def decode_worker(self, req: Request, workers: Sequence[WorkerState]) -> WorkerState | None:
         """Where a request prefilled on a prefill worker decodes (None: no room yet, retry)."""
         return decode_destination(req, workers)

@@ -9,6 +9,7 @@ request miss its TPOT SLO as long as plain decode iterations fit the SLO.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -31,9 +32,25 @@ class Decoding:
     first_token: float
 
 
-def fits_tpot(decodes: Iterable[Decoding], iteration: float, start: float, rule: SlackRule) -> bool:
-    """Would an iteration of ``iteration`` seconds starting at ``start`` keep every TPOT SLO?"""
-    if rule is SlackRule.ITERATION:
-        return all(iteration <= d.request.slo.tpot for d in decodes)
-    end = start + iteration
-    return all(end - d.first_token <= d.generated * d.request.slo.tpot for d in decodes)
+@dataclass(frozen=True, slots=True)
+class TpotBudget:
+    """The tightest TPOT constraint among the decodes of one planned iteration, for both rules:
+    the smallest TPOT SLO (per-iteration rule) and the earliest time by which the iteration must
+    end for every request to stay within tokens × TPOT SLO of its first token (banked rule)."""
+
+    min_tpot: float
+    deadline: float
+
+    @classmethod
+    def of(cls, decodes: Iterable[Decoding]) -> TpotBudget:
+        min_tpot = deadline = math.inf
+        for d in decodes:
+            min_tpot = min(min_tpot, d.request.slo.tpot)
+            deadline = min(deadline, d.first_token + d.generated * d.request.slo.tpot)
+        return cls(min_tpot, deadline)
+
+    def fits(self, iteration: float, start: float, rule: SlackRule) -> bool:
+        """Would an iteration of ``iteration`` seconds starting at ``start`` keep every TPOT SLO?"""
+        if rule is SlackRule.ITERATION:
+            return iteration <= self.min_tpot
+        return start + iteration <= self.deadline

@@ -11,18 +11,18 @@ their TTFT is at risk and some multiplexing worker has the slack.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import islice
 
 from tropical.core.latency.model import prefill_time
-from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Path, Request
 from tropical.sched.baselines import split_roles
+from tropical.sched.next_iteration import NextIteration
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import Decoding, SlackRule, fits_tpot
+from tropical.sched.slack import SlackRule
 from tropical.sched.worker import WorkerState
 
 
@@ -54,7 +54,8 @@ class TropicalPolicy(Policy):
                                    max_seqs=max_seqs)
         self._multiplex = BatchRules(prefill_first=False, token_budget=max_context,
                                      max_seqs=max_seqs)
-        self._at_risk = False
+        self._checks: dict[int, int] = {}
+        self._round: dict[int, NextIteration] = {}
         self._demoted_ids: set[int] = set()
 
     def roles(self, num_workers: int) -> list[Role]:
@@ -63,14 +64,16 @@ class TropicalPolicy(Policy):
     def rules(self, role: Role) -> BatchRules:
         return self._prefill if role is Role.PREFILL else self._multiplex
 
-    def wants_iteration_events(self) -> bool:
-        """Only banked slack grows between events; per-iteration slack only shrinks as
-        contexts grow, so a move infeasible at one event stays so until the next."""
-        return self._at_risk and self.toggle.slack is SlackRule.BANKED
+    def check_step(self, worker: WorkerState) -> int | None:
+        """Per-iteration slack only shrinks as contexts grow, so a move infeasible at one event
+        stays so until the next; banked slack grows with every fast iteration, so the toggle
+        asks to look again at the step where the shortest waiting prompt should fit."""
+        return self._checks.get(worker.id)
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
+        self._round = {}
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, Path.PREFILL_WORKER,
@@ -82,7 +85,7 @@ class TropicalPolicy(Policy):
             return [self._multiplexed(req, target, finish, done)]
         if best is None:
             return [self._no_prefill_worker(req, multiplex)]
-        self._at_risk = True
+        self._plan_checks(req, multiplex, {}, now, finish)
         return [Assignment(req, best.id, Path.FALLBACK,
                            f"TTFT at risk (predicted {finish - req.arrival:.3f}s > "
                            f"SLO {req.slo.ttft:.3f}s); no multiplexing worker had slack")]
@@ -98,7 +101,7 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
-        self._at_risk = bool(at_risk)
+        self._checks, self._round = {}, {}
         hopeless = [x for x in at_risk if self._hopeless(x[0], x[1], now)]
         hopeful = [x for x in at_risk if x not in hopeless]
         return self._multiplex_at_risk(hopeful, multiplex, now) + [
@@ -113,6 +116,7 @@ class TropicalPolicy(Policy):
             options = [(done, w.id, w) for w in multiplex
                        if (done := self._multiplex_finish(req, w, plans[w.id], now)) is not None]
             if not options:
+                self._plan_checks(req, multiplex, plans, now, finish)
                 break
             done, _, target = min(options)
             if done < finish:
@@ -131,6 +135,38 @@ class TropicalPolicy(Policy):
         return Assignment(req, source.id, Path.FALLBACK,
                           "TTFT already out of reach; yielded its place in the prefill queue",
                           source.id)
+
+    def _plan_checks(self, req: Request, multiplex: list[WorkerState],
+                     plans: dict[int, list[Request]], now: float, path1_finish: float) -> None:
+        """Under banked slack, note the decode step at which ``req`` should fit each worker."""
+        if self.toggle.slack is not SlackRule.BANKED:
+            return
+        for worker in multiplex:
+            step = self._fitting_step(req, worker, plans.get(worker.id, []), now, path1_finish)
+            if step is not None:
+                self._checks[worker.id] = min(step, self._checks.get(worker.id, step))
+
+    def _fitting_step(self, req: Request, worker: WorkerState, plan: list[Request], now: float,
+                      path1_finish: float) -> int | None:
+        """The worker's decode step after which its banked slack should admit ``req``, or None
+        if it never will before Path 1 would finish it (or for want of KV or seats)."""
+        nxt = self._next_of(worker, now)
+        prefills = [*nxt.queued, *plan, req]
+        if not self._room_for(worker, prefills):
+            return None
+        iteration = worker.latency.iteration_time(nxt.shape(prefills))
+        step = worker.latency.iteration_time(nxt.shape([]))
+        wait = 0
+        for d in nxt.decodes:
+            deficit = nxt.start + iteration - d.first_token - d.generated * d.request.slo.tpot
+            if deficit > 0:
+                gain = d.request.slo.tpot - step
+                if gain <= 0:
+                    return None
+                wait = max(wait, math.ceil(deficit / gain))
+        if nxt.start + wait * step + iteration >= path1_finish:
+            return None
+        return worker.steps + int(nxt.busy) + max(wait, 1)
 
     def _path1(self, req: Request, prefill: list[WorkerState],
                now: float) -> tuple[WorkerState | None, float]:
@@ -172,19 +208,27 @@ class TropicalPolicy(Policy):
 
         ``plan`` holds prefills already promised to that iteration in this scheduling round.
         """
-        prefills = [*worker.queued(), *plan, req]
+        nxt = self._next_of(worker, now)
+        prefills = [*nxt.queued, *plan, req]
+        if not self._room_for(worker, prefills):
+            return None
+        iteration = worker.latency.iteration_time(nxt.shape(prefills))
+        if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
+            return None
+        return nxt.start + iteration
+
+    def _next_of(self, worker: WorkerState, now: float) -> NextIteration:
+        """The worker's next iteration as it stands, computed once per scheduling round."""
+        if worker.id not in self._round:
+            self._round[worker.id] = NextIteration.of(worker, now)
+        return self._round[worker.id]
+
+    def _room_for(self, worker: WorkerState, prefills: list[Request]) -> bool:
+        """Seats in the batch and KV under the watermark for these prefills."""
         if worker.batch_size + len(prefills) + len(worker.inbox) > worker.rules.max_seqs:
-            return None
+            return False
         kv_tokens = sum(worker.kv_tokens_needed(r) for r in prefills if r.id not in worker.holds)
-        if not worker.kv.fits(kv_tokens, self.toggle.watermark):
-            return None
-        busy = worker.busy_until > now
-        start = worker.busy_until if busy else now
-        decodes = _next_decodes(worker, busy, start)
-        iteration = worker.latency.iteration_time(_next_shape(decodes, prefills))
-        if not fits_tpot(decodes, iteration, start, self.toggle.slack):
-            return None
-        return start + iteration
+        return worker.kv.fits(kv_tokens, self.toggle.watermark)
 
     def _no_prefill_worker(self, req: Request, multiplex: list[WorkerState]) -> Assignment:
         target = min(multiplex, key=lambda w: (w.unfinished_tokens, w.id), default=None)
@@ -197,21 +241,3 @@ def _split(workers: Sequence[WorkerState]) -> tuple[list[WorkerState], list[Work
     live = [w for w in workers if w.alive]
     return ([w for w in live if w.role is Role.PREFILL],
             [w for w in live if w.role is Role.MULTIPLEX])
-
-
-def _next_decodes(worker: WorkerState, busy: bool, start: float) -> list[Decoding]:
-    """Who decodes in ``worker``'s next iteration: its batch (one token further if an iteration
-    is in flight), KV that has landed, and prompts finishing in the iteration in flight."""
-    ahead = int(busy)
-    decodes = [Decoding(r, worker.generated(r) + ahead, r.first_token) for r in worker.running.values()]
-    decodes += [Decoding(r, r.generated, r.first_token) for r in worker.inbox]
-    if busy:
-        decodes += [Decoding(r, 1, start) for r in islice(worker.waiting, worker.batch_prefills)
-                    if r.computed == 0]
-    return decodes
-
-
-def _next_shape(decodes: list[Decoding], prefills: list[Request]) -> BatchShape:
-    """The batch a multiplexing worker would run next: those decodes plus the prefills."""
-    return BatchShape.of_batch([(r.remaining_prompt, r.computed) for r in prefills], len(decodes),
-                               sum(d.request.prompt_len + d.generated for d in decodes))

@@ -58,6 +58,11 @@ class DecodeRun:
         return DecodeRun(self.steps - k, self.batch, self.context + k * self.batch,
                          self.intercept, self.slope)
 
+    def cut_to(self, steps: int) -> DecodeRun:
+        """The run shortened to at most ``steps`` iterations (at least one)."""
+        return DecodeRun(max(1, min(self.steps, steps)), self.batch, self.context, self.intercept,
+                         self.slope)
+
     def cut_at(self, offset: float) -> DecodeRun:
         """The run shortened to the first iteration boundary at or after ``offset`` from start."""
         k = min(self.steps, max(1, self._first_boundary(offset)))

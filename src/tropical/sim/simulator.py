@@ -111,12 +111,23 @@ class Simulator:
             return
         self._settle_all()
         self._apply(self.policy.on_arrival(req, self.now, self.workers))
-        self._cut_runs_if_wanted()
+        self._honor_checks()
 
-    def _cut_runs_if_wanted(self) -> None:
+    def _run_length(self, worker: WorkerState) -> int:
+        """Decode iterations to run in closed form: up to the next finish, or fewer when the
+        policy wants to see iteration ends."""
         if self.policy.wants_iteration_events():
-            for worker in self.workers:
-                self._cut_run(worker)
+            return 1
+        steps = worker.steps_to_next_finish()
+        check = self.policy.check_step(worker)
+        return steps if check is None else max(1, min(steps, check - worker.steps))
+
+    def _honor_checks(self) -> None:
+        """End runs early where the policy now wants to look sooner (runs are settled here, so
+        a run's first iteration is the one in progress)."""
+        for worker_id, flight in list(self._flights.items()):
+            if flight.run is not None:
+                self._cut_run(self.workers[worker_id], self._run_length(self.workers[worker_id]))
 
     def _apply(self, assignments: list) -> None:
         """Hand over every decision first, then wake the workers: prefills the policy planned
@@ -141,7 +152,7 @@ class Simulator:
             return
         version = next(self._versions)
         if batch.decode_only:
-            steps = 1 if self.policy.wants_iteration_events() else worker.steps_to_next_finish()
+            steps = self._run_length(worker)
             run = DecodeRun.start(worker, steps, self.truth[worker.id])
             flight = Flight(self.now, self.now + run.duration, version, run=run)
             worker.busy_until = self.now + run.iteration(1)
@@ -172,13 +183,14 @@ class Simulator:
                 flight.run = run.rest_after(done)
                 self.workers[worker_id].busy_until = flight.start + flight.run.iteration(1)
 
-    def _cut_run(self, worker: WorkerState) -> None:
-        """Shorten a decode run to end at the first iteration boundary from now."""
+    def _cut_run(self, worker: WorkerState, steps: int | None = None) -> None:
+        """Shorten a decode run: to ``steps`` iterations, or else to end at the first iteration
+        boundary from now."""
         flight = self._flights.get(worker.id)
         if flight is None or flight.run is None or flight.run.steps == 1:
             return
-        run = flight.run.cut_at(self.now - flight.start)
-        if run.steps == flight.run.steps:
+        run = flight.run.cut_at(self.now - flight.start) if steps is None else flight.run.cut_to(steps)
+        if run.steps >= flight.run.steps:
             return
         flight.run, flight.end, flight.version = run, flight.start + run.duration, next(self._versions)
         self._push(flight.end, _ITER_END, (worker.id, flight.version))
@@ -205,7 +217,7 @@ class Simulator:
         if self.policy.observes_iterations:
             self._settle_all()
             self._apply(self.policy.on_iteration_end(worker, self.now, self.workers))
-            self._cut_runs_if_wanted()
+            self._honor_checks()
         self._start(worker)
 
     def _finish_batch(self, worker: WorkerState, batch: Batch) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queues
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class PolicyCapacity:
     policy: str
     result: CapacityResult
     base_rate: float
+    wall_s: float = 0.0
 
     @property
     def capacity_rps(self) -> float:
@@ -48,8 +50,9 @@ def capacity(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> Pol
         _tick(exp.policy)
         return value
 
+    started = time.perf_counter()
     result = find_capacity(attainment, target=target, rel_tol=rel_tol, start=exp.rate_scale)
-    return PolicyCapacity(exp.policy, result, exp.trace.mean_rate)
+    return PolicyCapacity(exp.policy, result, exp.trace.mean_rate, time.perf_counter() - started)
 
 
 def simulate_and_tick(exp: Experiment) -> SimResult:

@@ -1,0 +1,46 @@
+"""A multiplexing worker's next iteration as the toggle plans it, before new prefills join.
+
+Who decodes in it: the running batch (one token further if an iteration is in flight), KV that
+has landed, and prompts finishing in the iteration in flight. Computed once per scheduling
+round, so trying many candidate prefills costs one latency prediction each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import islice
+
+from tropical.core.latency.shape import BatchShape
+from tropical.core.request import Request
+from tropical.sched.slack import Decoding, TpotBudget
+from tropical.sched.worker import WorkerState
+
+
+@dataclass(frozen=True, slots=True)
+class NextIteration:
+    """The decodes and queued prefills of ``worker``'s next iteration, and when it starts."""
+
+    start: float
+    busy: bool
+    decodes: tuple[Decoding, ...]
+    decode_context: int
+    queued: tuple[Request, ...]
+    budget: TpotBudget
+
+    @classmethod
+    def of(cls, worker: WorkerState, now: float) -> NextIteration:
+        busy = worker.busy_until > now
+        start = worker.busy_until if busy else now
+        ahead = int(busy)
+        decodes = [Decoding(r, worker.generated(r) + ahead, r.first_token) for r in worker.running.values()]
+        decodes += [Decoding(r, r.generated, r.first_token) for r in worker.inbox]
+        if busy:
+            decodes += [Decoding(r, 1, start) for r in islice(worker.waiting, worker.batch_prefills)
+                        if r.computed == 0]
+        context = sum(d.request.prompt_len + d.generated for d in decodes)
+        return cls(start, busy, tuple(decodes), context, tuple(worker.queued()), TpotBudget.of(decodes))
+
+    def shape(self, prefills: list[Request]) -> BatchShape:
+        """The batch with these prefills added to the decodes."""
+        return BatchShape.of_batch([(r.remaining_prompt, r.computed) for r in prefills],
+                                   len(self.decodes), self.decode_context)

@@ -7,10 +7,11 @@ whose KV does not fit blocks the queue behind it (FCFS), so memory never over-co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.shape import BatchShape
-from tropical.core.request import Request
+from tropical.core.request import Path, Request
+from tropical.sched.slack import Decoding, TpotBudget
 from tropical.sched.worker import WorkerState
 
 
@@ -36,9 +37,12 @@ class Batch:
         return not self.prefills and self.decode_count > 0
 
 
-def form_batch(worker: WorkerState) -> Batch:
-    """The next iteration's batch for ``worker`` under its rules (empty when it has no work)."""
-    batch = _compose(worker)
+def form_batch(worker: WorkerState, now: float = 0.0) -> Batch:
+    """The next iteration's batch for ``worker`` under its rules (empty when it has no work).
+
+    ``now`` is the iteration's start; only the TPOT guard of multiplexing workers reads it.
+    """
+    batch = _guard_tpot(worker, _compose(worker), now)
     worker.start_prefills([req for req, _, _ in batch.prefills])
     return batch
 
@@ -53,6 +57,21 @@ def _compose(worker: WorkerState) -> Batch:
     decodes = worker.batch_size if worker.role.decodes else 0
     prefills = take_prefills(worker, rules.token_budget - decodes, rules.max_seqs - decodes)
     return Batch(prefills, decodes, worker.decode_context if decodes else 0)
+
+
+def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
+    """Drop trailing multiplexed prefills that would stretch the iteration past the decodes'
+    TPOT slack (the batch may differ from what the toggle planned: KV landed since)."""
+    rule = worker.rules.tpot_guard
+    if rule is None or not batch.decode_count:
+        return batch
+    budget = TpotBudget.of(Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values())
+    prefills = list(batch.prefills)
+    while (prefills and prefills[-1][0].path is Path.MULTIPLEX
+           and not budget.fits(worker.latency.iteration_time(replace(batch, prefills=prefills).shape),
+                               now, rule)):
+        prefills.pop()
+    return replace(batch, prefills=prefills)
 
 
 def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:

@@ -1,7 +1,8 @@
 """A multiplexing worker's next iteration as the toggle plans it, before new prefills join.
 
 Who decodes in it: the running batch (one token further if an iteration is in flight), KV that
-has landed, and prompts finishing in the iteration in flight. Computed once per scheduling
+has landed or is on its way (it may land before the iteration starts: counting it is the safe
+side), and prompts finishing in the iteration in flight. Computed once per scheduling
 round, so trying many candidate prefills costs one latency prediction each.
 """
 
@@ -33,7 +34,7 @@ class NextIteration:
         start = worker.busy_until if busy else now
         ahead = int(busy)
         decodes = [Decoding(r, worker.generated(r) + ahead, r.first_token) for r in worker.running.values()]
-        decodes += [Decoding(r, r.generated, r.first_token) for r in worker.inbox]
+        decodes += [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
         if busy:
             decodes += [Decoding(r, 1, start) for r in islice(worker.waiting, worker.batch_prefills)
                         if r.computed == 0]

@@ -75,7 +75,8 @@ class Policy(ABC):
         (a substrate that skips iteration ends must stop there)."""
         return None
 
-    def decode_worker(self, req: Request, workers: Sequence[WorkerState]) -> WorkerState | None:
+    def decode_worker(self, req: Request, workers: Sequence[WorkerState],
+                      now: float) -> WorkerState | None:
         """Where a request prefilled on a prefill worker decodes (None: no room yet, retry)."""
         return decode_destination(req, workers)
 

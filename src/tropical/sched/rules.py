@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from tropical.sched.slack import SlackRule
+
 
 class Role(str, Enum):
     """A worker's job in the cluster."""
@@ -31,12 +33,17 @@ class Role(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class BatchRules:
-    """How one worker forms each iteration's batch."""
+    """How one worker forms each iteration's batch.
+
+    ``tpot_guard``: re-check, when the batch forms, that multiplexed prefills still fit the
+    decodes' TPOT slack under this rule; one that no longer does waits for a later iteration.
+    """
 
     prefill_first: bool = False
     chunked: bool = False
     token_budget: int = 2048
     max_seqs: int = 256
+    tpot_guard: SlackRule | None = None
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_seqs < 1:

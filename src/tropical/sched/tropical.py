@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tropical.core.latency.model import prefill_time
 from tropical.core.request import Path, Request
 from tropical.sched.baselines import split_roles
+from tropical.sched.dispatch import decode_destination
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import SlackRule
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget
 from tropical.sched.worker import WorkerState
 
 
@@ -53,7 +54,7 @@ class TropicalPolicy(Policy):
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
                                    max_seqs=max_seqs)
         self._multiplex = BatchRules(prefill_first=False, token_budget=max_context,
-                                     max_seqs=max_seqs)
+                                     max_seqs=max_seqs, tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
         self._demoted_ids: set[int] = set()
@@ -229,6 +230,20 @@ class TropicalPolicy(Policy):
             return False
         kv_tokens = sum(worker.kv_tokens_needed(r) for r in prefills if r.id not in worker.holds)
         return worker.kv.fits(kv_tokens, self.toggle.watermark)
+
+    def decode_worker(self, req: Request, workers: Sequence[WorkerState],
+                      now: float) -> WorkerState | None:
+        """Fewest unfinished tokens among the workers whose planned next iteration also keeps the
+        arriving request's own TPOT budget; any worker with room when none does."""
+        fitting = [w for w in workers if w.role.decodes and self._joins_in_time(req, w, now)]
+        return decode_destination(req, fitting) or decode_destination(req, workers)
+
+    def _joins_in_time(self, req: Request, worker: WorkerState, now: float) -> bool:
+        nxt = NextIteration.of(worker, now)
+        joined = replace(nxt, decodes=(*nxt.decodes, Decoding(req, req.generated, req.first_token)),
+                         decode_context=nxt.decode_context + req.prompt_len + req.generated)
+        iteration = worker.latency.iteration_time(joined.shape(list(nxt.queued)))
+        return TpotBudget.of(joined.decodes).fits(iteration, nxt.start, self.toggle.slack)
 
     def _no_prefill_worker(self, req: Request, multiplex: list[WorkerState]) -> Assignment:
         target = min(multiplex, key=lambda w: (w.unfinished_tokens, w.id), default=None)

@@ -30,6 +30,7 @@ class WorkerState:
     latency: LatencyModel
     waiting: deque[Request] = field(default_factory=deque)
     inbox: list[Request] = field(default_factory=list)
+    incoming: dict[int, Request] = field(default_factory=dict)
     running: dict[int, Request] = field(default_factory=dict)
     holds: dict[int, int] = field(default_factory=dict)
     steps: int = 0
@@ -108,6 +109,7 @@ class WorkerState:
         if not self.reserve(req):
             raise MemoryError(f"worker {self.id} has no room for request {req.id}")
         self.incoming_tokens += req.output_len - req.generated
+        self.incoming[req.id] = req
 
     def join(self, req: Request) -> None:
         """Start decoding ``req`` here (after its prefill, or when its migrated KV arrives)."""
@@ -128,6 +130,7 @@ class WorkerState:
         """Join every landed request; call only between iterations."""
         for req in self.inbox:
             self.incoming_tokens -= req.output_len - req.generated
+            del self.incoming[req.id]
             self.join(req)
         self.inbox.clear()
 

@@ -147,7 +147,7 @@ class Simulator:
         if worker.id in self._flights or not worker.alive:
             return
         worker.admit_inbox()
-        batch = form_batch(worker)
+        batch = form_batch(worker, self.now)
         if batch.is_empty:
             return
         version = next(self._versions)
@@ -234,7 +234,7 @@ class Simulator:
 
     def _migrate(self, req: Request, source: WorkerState) -> None:
         self._settle_all()
-        target = self.policy.decode_worker(req, self.workers)
+        target = self.policy.decode_worker(req, self.workers, self.now)
         if target is None:
             self._stalled.append((req, source))
             return

@@ -13,7 +13,7 @@ def stepwise(run: DecodeRun, k: int) -> float:
 def test_closed_form_equals_sum_of_iterations(steps, batch, context):
     run = DecodeRun(steps, batch, context, intercept=0.02, slope=3e-8)
     assert run.duration == pytest.approx(stepwise(run, steps), rel=1e-9)
-    assert run.last_iteration == pytest.approx(stepwise(run, steps) - stepwise(run, steps - 1))
+    assert run.iteration(steps) == pytest.approx(stepwise(run, steps) - stepwise(run, steps - 1))
 
 
 @given(st.integers(2, 500), st.integers(1, 64), st.integers(0, 10**6), st.floats(0, 1))

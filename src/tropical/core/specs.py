@@ -86,10 +86,6 @@ class ModelSpec:
         """Key and value vectors of one token across all layers."""
         return 2 * self.num_layers * self.kv_dim * self.dtype_bytes
 
-    def dense_flops_per_token(self) -> int:
-        """Matmul FLOPs of one token through all layers and the LM head, attention excluded."""
-        return 2 * (self.num_layers * self.layer_params + self.vocab * self.hidden)
-
 
 def _max_context(config: dict[str, Any]) -> int:
     """Context window including linear/dynamic RoPE scaling, as InternLM2's 200K config states."""

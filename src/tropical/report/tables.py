@@ -38,7 +38,7 @@ def capacity_table(found: Mapping[str, PolicyCapacity], target: float) -> str:
     """Each policy's goodput capacity and its ratio to the best of the others."""
     best = max((c.capacity_rps for c in found.values()), default=0.0)
     rows = [[p, f"{c.capacity_rps:.3f}", f"{c.result.rate_scale:.3f}",
-             f"{c.capacity_rps / best:.2f}" if best else "-", str(len(c.result.probes))]
+             f"{c.capacity_rps / best:.2f}" if best else "-", str(len(c.result.probes)), f"{c.wall_s:.1f}"]
             for p, c in found.items()]
     return (f"goodput capacity at {target:.0%} SLO attainment\n"
-            + render(["policy", "req/s", "rate scale", "vs best", "sims"], rows))
+            + render(["policy", "req/s", "rate scale", "vs best", "sims", "search s"], rows))

@@ -45,9 +45,5 @@ class KVPool:
         self.used_blocks -= blocks
 
     @property
-    def usage(self) -> float:
-        return self.used_blocks / self.capacity_blocks
-
-    @property
     def capacity_tokens(self) -> int:
         return self.capacity_blocks * self.block_size

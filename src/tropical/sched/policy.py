@@ -79,7 +79,3 @@ class Policy(ABC):
                       now: float) -> WorkerState | None:
         """Where a request prefilled on a prefill worker decodes (None: no room yet, retry)."""
         return decode_destination(req, workers)
-
-    def pending(self) -> int:
-        """Requests the policy holds that no worker has yet."""
-        return 0

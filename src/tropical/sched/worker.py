@@ -41,7 +41,6 @@ class WorkerState:
     busy_until: float = 0.0
     batch_prefills: int = 0
     queued_work: float = 0.0
-    last_iteration_time: float = 0.0
     alive: bool = True
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)

@@ -43,10 +43,6 @@ class DecodeRun:
         """Duration of the k-th iteration (from 1)."""
         return self.intercept + self.slope * (self.context + (k - 1) * self.batch)
 
-    @property
-    def last_iteration(self) -> float:
-        return self.iteration(self.steps)
-
     def completed_by(self, offset: float) -> int:
         """Iterations finished within ``offset`` of the start, short of the run's last one."""
         boundary = self._first_boundary(offset)

@@ -176,7 +176,6 @@ class Simulator:
             if done:
                 elapsed = run.elapsed(done)
                 self.workers[worker_id].advance_decodes(done, flight.start + elapsed)
-                self.workers[worker_id].last_iteration_time = run.iteration(done)
                 self.stats[worker_id].busy += elapsed
                 self.stats[worker_id].iterations += done
                 flight.start += elapsed
@@ -205,11 +204,9 @@ class Simulator:
         stats.busy += flight.end - flight.start
         if flight.run is not None:
             stats.iterations += flight.run.steps
-            worker.last_iteration_time = flight.run.last_iteration
             freed = self._finished(worker.advance_decodes(flight.run.steps, self.now))
         else:
             stats.iterations += 1
-            worker.last_iteration_time = flight.end - flight.start
             freed = self._finish_batch(worker, flight.batch)
         worker.busy_until = self.now
         if freed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tropical.sim.reproduce import BASELINES, Reproduction, Study
+from tropical.sim.reproduce import BASELINES, CURVE_FLOOR, Reproduction, Study
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -32,8 +32,9 @@ def common_rate_section(rep: Reproduction) -> str:
     return (f"## Latency at a common rate: {rate:.3f} req/s (the best baseline's capacity)\n\n"
             + _table(["policy", "attainment", "P90 TTFT (s)", "P90 TPOT (ms)", "P90 queueing (s)",
                       "prefill paths"], rows)
-            + "\n\n![attainment](attainment_vs_rate.png)\n\n![latency CDFs](latency_cdfs.png)\n\n"
-            "![queueing](queueing.png)\n")
+            + "\n\n![attainment](attainment_vs_rate.png)\n\n"
+            f"Points under {CURVE_FLOOR:.0%} attainment are lower bounds: those runs stop once the "
+            "outcome is certain.\n\n![latency CDFs](latency_cdfs.png)\n\n![queueing](queueing.png)\n")
 
 
 def study_section(study: Study) -> str:

@@ -55,8 +55,8 @@ def capacity(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> Pol
     return PolicyCapacity(exp.policy, result, exp.trace.mean_rate, time.perf_counter() - started)
 
 
-def simulate_and_tick(exp: Experiment) -> SimResult:
-    result = simulate(exp)
+def simulate_and_tick(exp: Experiment, stop_below: float | None = None) -> SimResult:
+    result = simulate(exp, stop_below)
     _tick(exp.policy)
     return result
 
@@ -89,9 +89,10 @@ def capacities(jobs: Mapping[K, Experiment], target: float = 0.9, rel_tol: float
 
 
 def simulations(jobs: Mapping[K, Experiment], processes: int = 2,
-                progress: str | None = "simulations") -> dict[K, SimResult]:
-    """One plain run of every experiment in ``jobs``."""
-    return run_all(simulate_and_tick, {k: (e,) for k, e in jobs.items()}, processes, progress)
+                progress: str | None = "simulations",
+                stop_below: float | None = None) -> dict[K, SimResult]:
+    """One run of every experiment in ``jobs`` (see ``simulate`` for ``stop_below``)."""
+    return run_all(simulate_and_tick, {k: (e, stop_below) for k, e in jobs.items()}, processes, progress)
 
 
 def sweep(exp: Experiment, policies: Sequence[str], target: float = 0.9, rel_tol: float = 0.02,

@@ -60,18 +60,18 @@ def _compose(worker: WorkerState) -> Batch:
 
 
 def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
-    """Drop trailing multiplexed prefills that would stretch the iteration past the decodes'
-    TPOT slack (the batch may differ from what the toggle planned: KV landed since)."""
+    """Stop before the first multiplexed prefill that would stretch the iteration past the
+    decodes' TPOT slack (the batch may differ from what the toggle planned: KV landed since)."""
     rule = worker.rules.tpot_guard
     if rule is None or not batch.decode_count:
         return batch
     budget = TpotBudget.of(Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values())
-    prefills = list(batch.prefills)
-    while (prefills and prefills[-1][0].path is Path.MULTIPLEX
-           and not budget.fits(worker.latency.iteration_time(replace(batch, prefills=prefills).shape),
-                               now, rule)):
-        prefills.pop()
-    return replace(batch, prefills=prefills)
+    shape = BatchShape.decode(batch.decode_count, batch.decode_context)
+    for i, (req, new, cached) in enumerate(batch.prefills):
+        shape = shape.plus_prefill(new, cached)
+        if req.path is Path.MULTIPLEX and not budget.fits(worker.latency.iteration_time(shape), now, rule):
+            return replace(batch, prefills=batch.prefills[:i])
+    return batch
 
 
 def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:

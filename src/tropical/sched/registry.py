@@ -16,7 +16,6 @@ class PolicyParams:
     """Knobs shared by the policies; each uses the ones that apply to it."""
 
     max_batched_tokens: int = 4096
-    max_context: int = 200_000
     chunk_budget: int = 2048
     max_seqs: int = 256
     num_prefill: int | None = None
@@ -35,10 +34,10 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "chunked": lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True,
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.num_prefill, p.max_seqs),
-    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle(), p.max_seqs, p.max_context),
+    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle(), p.max_seqs),
     "tropical+": lambda p: TropicalPolicy(
         p.max_batched_tokens, replace(p.toggle(), slack=SlackRule.BANKED, demote_doomed=True),
-        p.max_seqs, p.max_context, name="tropical+"),
+        p.max_seqs, name="tropical+"),
 }
 
 

@@ -46,14 +46,14 @@ class TropicalPolicy(Policy):
     observes_iterations = True
 
     def __init__(self, max_batched_tokens: int, toggle: ToggleParams | None = None,
-                 max_seqs: int = 256, max_context: int = 200_000, name: str = "tropical") -> None:
-        """Prefill workers batch up to ``max_batched_tokens``; a multiplexing worker runs
-        everything the toggle planned for its next iteration, up to ``max_context`` tokens."""
+                 max_seqs: int = 256, name: str = "tropical") -> None:
+        """Every worker batches up to ``max_batched_tokens`` (a lone prompt may exceed it); the
+        toggle plans multiplexed prefills within that budget."""
         self.name = name
         self.toggle = toggle or ToggleParams()
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
                                    max_seqs=max_seqs)
-        self._multiplex = BatchRules(prefill_first=False, token_budget=max_context,
+        self._multiplex = BatchRules(prefill_first=False, token_budget=max_batched_tokens,
                                      max_seqs=max_seqs, tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
@@ -103,8 +103,9 @@ class TropicalPolicy(Policy):
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
         self._checks, self._round = {}, {}
-        hopeless = [x for x in at_risk if self._hopeless(x[0], x[1], now)]
-        hopeful = [x for x in at_risk if x not in hopeless]
+        hopeless, hopeful = [], []
+        for item in at_risk:
+            (hopeless if self._hopeless(item[0], item[1], now) else hopeful).append(item)
         return self._multiplex_at_risk(hopeful, multiplex, now) + [
             self._demoted(req, source) for req, source, _ in hopeless
             if req.id not in self._demoted_ids]
@@ -225,8 +226,13 @@ class TropicalPolicy(Policy):
         return self._round[worker.id]
 
     def _room_for(self, worker: WorkerState, prefills: list[Request]) -> bool:
-        """Seats in the batch and KV under the watermark for these prefills."""
-        if worker.batch_size + len(prefills) + len(worker.inbox) > worker.rules.max_seqs:
+        """Seats in the batch, the token budget (a lone prefill may exceed it, as batch formation
+        allows), and KV under the watermark for these prefills."""
+        decodes = worker.batch_size + len(worker.incoming)
+        if decodes + len(prefills) > worker.rules.max_seqs:
+            return False
+        tokens = sum(r.remaining_prompt for r in prefills)
+        if len(prefills) > 1 and decodes + tokens > worker.rules.token_budget:
             return False
         kv_tokens = sum(worker.kv_tokens_needed(r) for r in prefills if r.id not in worker.holds)
         return worker.kv.fits(kv_tokens, self.toggle.watermark)

@@ -90,7 +90,7 @@ def experiment(cfg: SimConfig) -> Experiment:
     cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
                        cfg.memory_utilization)
     params = PolicyParams(
-        max_batched_tokens=cfg.max_batched_tokens, max_context=cluster.max_context,
+        max_batched_tokens=cfg.max_batched_tokens,
         chunk_budget=cfg.chunk_budget, max_seqs=cfg.max_seqs, num_prefill=cfg.prefill_workers,
         watermark=cfg.watermark, slack=slack_rule(cfg.slack), lookahead=cfg.lookahead,
         demote_doomed=cfg.demote_doomed)

@@ -56,6 +56,12 @@ class BatchShape:
     def decode(cls, batch: int, total_context: int) -> BatchShape:
         return cls(decode_count=batch, decode_context=total_context)
 
+    def plus_prefill(self, new: int, cached: int) -> BatchShape:
+        """This batch with one more prefill span."""
+        return BatchShape(self.prefill_tokens + new, self.prefill_pairs + attention_pairs(new, cached),
+                          self.prefill_cached + cached, self.num_prefills + 1, self.decode_count,
+                          self.decode_context)
+
     @property
     def tokens(self) -> int:
         return self.prefill_tokens + self.decode_count

@@ -61,9 +61,16 @@ class WorkerState:
     def start_prefills(self, requests: list[Request]) -> None:
         """The head ``requests`` of the queue enter the iteration now starting."""
         self.batch_prefills = len(requests)
-        self.queued_work -= sum(map(self.prefill_cost, requests))
+        for req in requests:
+            self._add_queued_work(req, -1)
         if len(self.waiting) == len(requests):
             self.queued_work = 0.0
+
+    def _add_queued_work(self, req: Request, sign: int) -> None:
+        """Keep ``queued_work``: the predicted prefill time of the queue, which Path 1 reads on
+        prefill workers (elsewhere nobody reads it, and pricing every chunk would cost)."""
+        if self.role is Role.PREFILL:
+            self.queued_work += sign * self.prefill_cost(req)
 
     def queued(self, limit: int | None = None) -> list[Request]:
         """Waiting requests not in the iteration now running (those may still be moved)."""
@@ -100,7 +107,7 @@ class WorkerState:
     def enqueue(self, req: Request) -> None:
         """Accept a request whose prompt this worker will prefill."""
         self.waiting.append(req)
-        self.queued_work += self.prefill_cost(req)
+        self._add_queued_work(req, 1)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
 
     def expect_migration(self, req: Request) -> None:
@@ -166,7 +173,7 @@ class WorkerState:
         self.waiting_tokens -= new
         self.batch_prefills = max(0, self.batch_prefills - 1)
         if req.computed < req.prompt_len:
-            self.queued_work += self.prefill_cost(req)
+            self._add_queued_work(req, 1)
             return False
         self.waiting.remove(req)
         self._costs.pop(req.id, None)
@@ -188,7 +195,7 @@ class WorkerState:
         """Drop ``req`` from this worker wherever it is, freeing its KV."""
         if req in self.waiting:
             if list(self.waiting).index(req) >= self.batch_prefills:
-                self.queued_work -= self.prefill_cost(req)
+                self._add_queued_work(req, -1)
             else:
                 self.batch_prefills -= 1
             self.waiting.remove(req)

@@ -99,3 +99,16 @@ def test_slo_classes_give_requests_their_own_targets(capsys, profile):
     assert 0.35 < loose_half["attainment"] < 0.65
     assert main(["sim", "--slo-classes", "0.5:latency=3", "--profile", profile]) == 2
     assert "SLO class" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--limit", "0"], "no requests"),
+    (["--rate-scale", "-1"], "rate_scale"),
+    (["--policy", "tropical", "--watermark", "2"], "watermark"),
+    (["--prefill-workers", "4", "--policy", "disagg"], "prefill workers"),
+    (["--gpu", "tpu"], "unknown GPU"),
+    (["--arrivals", "weird"], "unknown arrivals"),
+])
+def test_bad_settings_get_clear_errors(capsys, profile, argv, message):
+    assert main(["sim", "--profile", profile, *argv]) == 2
+    assert message in capsys.readouterr().err

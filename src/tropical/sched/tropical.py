@@ -38,6 +38,12 @@ class ToggleParams:
     lookahead: int = 64
     demote_doomed: bool = False
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.watermark <= 1:
+            raise ValueError(f"watermark must lie in [0, 1], got {self.watermark}")
+        if self.lookahead < 1:
+            raise ValueError(f"lookahead must be at least 1, got {self.lookahead}")
+
 
 class TropicalPolicy(Policy):
     """Dedicated prefill workers plus multiplexing workers, switched per request by the toggle."""

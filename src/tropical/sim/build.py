@@ -87,6 +87,9 @@ def trace_slice(cfg: SimConfig, name: str, limit: int | None) -> Trace:
 
 def experiment(cfg: SimConfig) -> Experiment:
     trace = arrivals(take(load_trace(cfg.trace), cfg.limit, cfg.start_s, cfg.end_s), cfg.arrivals, cfg.seed)
+    if not len(trace):
+        raise ValueError(f"trace {cfg.trace!r} has no requests in the selected slice "
+                         "(check --limit, --start-s and --end-s)")
     cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
                        cfg.memory_utilization)
     params = PolicyParams(

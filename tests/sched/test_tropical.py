@@ -14,6 +14,7 @@ from tropical.models import load_model_spec
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget
+from tropical.sched.tropical import ToggleParams
 from tropical.sim.cluster import ClusterSpec, WorkerSpec
 from tropical.sim.simulator import Simulator
 
@@ -38,7 +39,7 @@ def _shape(prompt):
 
 
 def simulate(name, requests, **params):
-    policy = make_policy(name, PolicyParams(**params))
+    policy = make_policy(name, PolicyParams(toggle=ToggleParams(**params)))
     sim = Simulator(CLUSTER.build(policy), policy, requests)
     return sim, sim.run()
 
@@ -91,7 +92,7 @@ class Recording:
 @settings(max_examples=30, deadline=None)
 @given(spans, st.sampled_from(list(SlackRule)))
 def test_path2_never_breaks_tpot_with_exact_predictor(lengths, rule):
-    policy = make_policy("tropical", PolicyParams(slack=rule))
+    policy = make_policy("tropical", PolicyParams(toggle=ToggleParams(slack=rule)))
     sim = Watched(CLUSTER.build(policy), policy, bursty(lengths))
     sim.run()
     for start, end, decoding in sim.mixed:
@@ -105,7 +106,7 @@ def test_path2_never_breaks_tpot_with_exact_predictor(lengths, rule):
 @settings(max_examples=20, deadline=None)
 @given(spans)
 def test_path2_admission_never_crosses_the_watermark(lengths):
-    policy = Recording(make_policy("tropical", PolicyParams(watermark=0.5)))
+    policy = Recording(make_policy("tropical", PolicyParams(toggle=ToggleParams(watermark=0.5))))
     Simulator(CLUSTER.build(policy), policy, bursty(lengths, gap=0.005)).run()
     assert all(usage <= 0.5 + 1e-9 for usage in policy.usage)
 

@@ -13,9 +13,8 @@ from tropical.core.latency.roofline import (
     DecodeAttention,
     Efficiency,
     Gemm,
-    Link,
+    Linear,
     PrefillAttention,
-    Stream,
 )
 from tropical.core.specs import HardwareSpec
 
@@ -32,7 +31,7 @@ def gemm(eff: Efficiency, gpu: HardwareSpec, profile: OpProfile, op: str) -> np.
 def stream(eff: Efficiency, gpu: HardwareSpec, profile: OpProfile, op: str) -> np.ndarray:
     name = STREAM_OPS[op]
     nbytes = profile.shard.stream_bytes()[name]
-    return Stream.build(getattr(eff, name), gpu.hbm_bandwidth, nbytes).seconds(profile.tokens)
+    return Linear.stream(getattr(eff, name), gpu.hbm_bandwidth, nbytes).seconds(profile.tokens)
 
 
 def mlp_op(eff: Efficiency, gpu: HardwareSpec, profile: OpProfile, op: str) -> np.ndarray:
@@ -51,11 +50,11 @@ def decode(eff: Efficiency, gpu: HardwareSpec, profile: AttentionProfile) -> np.
 
 
 def all_reduce(eff: Efficiency, gpu: HardwareSpec, profile: LinkProfile) -> np.ndarray:
-    return Link.all_reduce(eff.all_reduce, gpu, profile.workers).seconds(profile.nbytes)
+    return Linear.all_reduce(eff.all_reduce, gpu, profile.workers).seconds(profile.nbytes)
 
 
 def send_recv(eff: Efficiency, gpu: HardwareSpec, profile: LinkProfile) -> np.ndarray:
-    return Link.copy(eff.transfer, gpu).seconds(profile.nbytes)
+    return Linear.copy(eff.transfer, gpu).seconds(profile.nbytes)
 
 
 def ape(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.policy import Policy
@@ -13,30 +13,23 @@ from tropical.sched.tropical import ToggleParams, TropicalPolicy
 
 @dataclass(frozen=True, slots=True)
 class PolicyParams:
-    """Knobs shared by the policies; each uses the ones that apply to it."""
+    """Knobs shared by the policies; each uses the ones that apply to it (the role split in
+    ``toggle`` serves disagg too)."""
 
     max_batched_tokens: int = 4096
     chunk_budget: int = 2048
     max_seqs: int = 256
-    num_prefill: int | None = None
-    watermark: float = 0.9
-    slack: SlackRule = SlackRule.ITERATION
-    lookahead: int = 64
-    demote_doomed: bool = False
-
-    def toggle(self) -> ToggleParams:
-        return ToggleParams(self.num_prefill, self.watermark, self.slack, self.lookahead,
-                            self.demote_doomed)
+    toggle: ToggleParams = field(default_factory=ToggleParams)
 
 
 _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "colocated": lambda p: ColocatedPolicy(p.max_batched_tokens, max_seqs=p.max_seqs),
     "chunked": lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True,
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
-    "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.num_prefill, p.max_seqs),
-    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle(), p.max_seqs),
+    "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.toggle.num_prefill, p.max_seqs),
+    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle, p.max_seqs),
     "tropical+": lambda p: TropicalPolicy(
-        p.max_batched_tokens, replace(p.toggle(), slack=SlackRule.BANKED, demote_doomed=True),
+        p.max_batched_tokens, replace(p.toggle, slack=SlackRule.BANKED, demote_doomed=True),
         p.max_seqs, name="tropical+"),
 }
 

@@ -11,6 +11,7 @@ from tropical.core.latency.fitted import FittedModel
 from tropical.core.slo import SLOMix, SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
+from tropical.sched.tropical import ToggleParams
 from tropical.sim.cluster import LatencyFactory, replicas
 from tropical.sim.run import Experiment
 from tropical.workload.catalog import load_trace
@@ -92,11 +93,9 @@ def experiment(cfg: SimConfig) -> Experiment:
                          "(check --limit, --start-s and --end-s)")
     cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
                        cfg.memory_utilization)
-    params = PolicyParams(
-        max_batched_tokens=cfg.max_batched_tokens,
-        chunk_budget=cfg.chunk_budget, max_seqs=cfg.max_seqs, num_prefill=cfg.prefill_workers,
-        watermark=cfg.watermark, slack=slack_rule(cfg.slack), lookahead=cfg.lookahead,
-        demote_doomed=cfg.demote_doomed)
+    toggle = ToggleParams(cfg.prefill_workers, cfg.watermark, slack_rule(cfg.slack), cfg.lookahead,
+                          cfg.demote_doomed)
+    params = PolicyParams(cfg.max_batched_tokens, cfg.chunk_budget, cfg.max_seqs, toggle)
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
     mix = parse_slo_classes(cfg.slo_classes, cfg.seed) if cfg.slo_classes else None
     return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale,

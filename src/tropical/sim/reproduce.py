@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.slo import SLOSpec
+from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.run import Experiment, SimResult
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
@@ -110,7 +111,7 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
     small = replace(base, trace=slice_of(base.trace.name))
     jobs: dict[tuple[str, str, str], Experiment] = {}
     jobs[("slack rule", "full trace", "tropical (banked slack)")] = replace(
-        base.with_policy("tropical"), params=replace(base.params, slack=SlackRule.BANKED))
+        base.with_policy("tropical"), params=_with_toggle(base.params, slack=SlackRule.BANKED))
     for noise in (0.0, 0.1, 0.25):
         for p in (*BASELINES, *TOGGLES) if noise == 0.0 else TOGGLES:
             noisy = replace(small.with_policy(p), predictor_noise=noise)
@@ -119,7 +120,7 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
     for prefill in range(1, workers):
         for p in (*BASELINES, *TOGGLES):
             if p in ("disagg", *TOGGLES) or prefill == workers // 2:
-                params = replace(small.params, num_prefill=prefill)
+                params = _with_toggle(small.params, num_prefill=prefill)
                 split = f"{prefill}:{workers - prefill}"
                 jobs[("role split", split, p)] = replace(small.with_policy(p), params=params)
     for trace in ("synthetic", "azure-code"):
@@ -140,6 +141,10 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
     _share_baselines(studies["role split"], f"{workers // 2}:{workers - workers // 2}",
                      ("colocated", "chunked"))
     return list(studies.values())
+
+
+def _with_toggle(params: PolicyParams, **changes: object) -> PolicyParams:
+    return replace(params, toggle=replace(params.toggle, **changes))
 
 
 def _policy_of(label: str) -> str:

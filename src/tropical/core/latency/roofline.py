@@ -131,18 +131,28 @@ class Gemm:
 
 
 @dataclass(frozen=True, slots=True)
-class Stream:
-    """A memory-bound op whose bytes grow linearly with tokens (norms, rope, activation, adds)."""
+class Linear:
+    """An op whose time is a fixed overhead plus a cost per unit: memory-bound streams (norms,
+    rope, activation, adds: per token) and transfers over the GPU link (per byte)."""
 
     overhead: float
-    token_s: float
+    unit_s: float
 
     @classmethod
-    def build(cls, eff: OpEfficiency, bandwidth: float, bytes_per_token: float) -> Stream:
+    def stream(cls, eff: OpEfficiency, bandwidth: float, bytes_per_token: float) -> Linear:
         return cls(eff.overhead, bytes_per_token / (eff.memory * bandwidth))
 
+    @classmethod
+    def all_reduce(cls, eff: OpEfficiency, gpu: HardwareSpec, tp: int) -> Linear:
+        """Ring all-reduce: each GPU sends and receives 2(tp-1)/tp of the buffer."""
+        return cls(eff.overhead, 2.0 * (tp - 1) / tp / (eff.memory * gpu.link_bandwidth))
+
+    @classmethod
+    def copy(cls, eff: OpEfficiency, gpu: HardwareSpec) -> Linear:
+        return cls(eff.overhead, 1.0 / (eff.memory * gpu.link_bandwidth))
+
     def seconds(self, n: Number) -> Number:
-        return self.overhead + n * self.token_s
+        return self.overhead + n * self.unit_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,26 +202,6 @@ class DecodeAttention:
         return self.intercept(count) + context * self.context_s
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A collective or copy over the GPU link: latency plus bytes at a fraction of link speed."""
-
-    overhead: float
-    byte_s: float
-
-    @classmethod
-    def all_reduce(cls, eff: OpEfficiency, gpu: HardwareSpec, tp: int) -> Link:
-        """Ring all-reduce: each GPU sends and receives 2(tp-1)/tp of the buffer."""
-        return cls(eff.overhead, 2.0 * (tp - 1) / tp / (eff.memory * gpu.link_bandwidth))
-
-    @classmethod
-    def copy(cls, eff: OpEfficiency, gpu: HardwareSpec) -> Link:
-        return cls(eff.overhead, 1.0 / (eff.memory * gpu.link_bandwidth))
-
-    def seconds(self, nbytes: Number) -> Number:
-        return self.overhead + nbytes * self.byte_s
-
-
 class RooflineModel:
     """LatencyModel of one replica: layers x (GEMMs + elementwise + attention + all-reduce)."""
 
@@ -227,7 +217,7 @@ class RooflineModel:
         self._prefill = PrefillAttention.build(efficiency, gpu, shard)
         self._decode = DecodeAttention.build(efficiency, gpu, shard)
         self._fixed, self._per_token = self._linear_layer_terms(efficiency, gpu, shard, tp)
-        self._transfer = Link.copy(efficiency.transfer, gpu)
+        self._transfer = Linear.copy(efficiency.transfer, gpu)
         self._kv_bytes_per_shard = model.kv_bytes_per_token / tp
         self._decode_lines: dict[int, tuple[float, float]] = {}
 
@@ -236,14 +226,14 @@ class RooflineModel:
                             tp: int) -> tuple[float, float]:
         """Per-layer (fixed, per-token) seconds of everything linear in tokens."""
         per_layer = {"norm": 2, "rope": 1, "activation": 1, "residual": 1}
-        streams = [(Stream.build(getattr(eff, name), gpu.hbm_bandwidth, nbytes), per_layer[name])
+        streams = [(Linear.stream(getattr(eff, name), gpu.hbm_bandwidth, nbytes), per_layer[name])
                    for name, nbytes in shard.stream_bytes().items()]
         if tp > 1:  # two all-reduces of the tokens' hidden states, linear in tokens too
-            reduce = Link.all_reduce(eff.all_reduce, gpu, tp)
-            token_s = shard.hidden * shard.dtype_bytes * reduce.byte_s
-            streams.append((Stream(reduce.overhead, token_s), 2))
+            reduce = Linear.all_reduce(eff.all_reduce, gpu, tp)
+            token_s = shard.hidden * shard.dtype_bytes * reduce.unit_s
+            streams.append((Linear(reduce.overhead, token_s), 2))
         fixed = sum(op.overhead * count for op, count in streams)
-        per_token = sum(op.token_s * count for op, count in streams)
+        per_token = sum(op.unit_s * count for op, count in streams)
         return fixed, per_token
 
     def _dense(self, tokens: int, sampled: int) -> float:

@@ -1,0 +1,91 @@
+"""A step's work as spans of new tokens per sequence, flattened into the tensors one forward pass consumes.
+
+Prefill, a prefill chunk and a decode are the same thing with different numbers (vLLM v1's idea): a span
+of new tokens after `cached` tokens already in the KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from tropical.engine.kv_cache import PagedKVCache
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """New tokens of one sequence, placed after `cached` tokens already in the cache."""
+
+    seq_id: Hashable
+    token_ids: list[int]
+    cached: int
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError(f"span of sequence {self.seq_id!r} has no new tokens")
+        if self.cached < 0:
+            raise ValueError(f"span of sequence {self.seq_id!r} has negative cached count {self.cached}")
+
+    @property
+    def total(self) -> int:
+        return self.cached + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class FlatBatch:
+    """All spans' new tokens concatenated, with where each lives in the flat order and in the cache."""
+
+    spans: list[Span]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    starts: list[int]
+    lengths: list[int]
+    cached: list[int]
+    slot_mapping: torch.Tensor
+    block_tables: list[list[int]]
+
+    @classmethod
+    def build(cls, spans: list[Span], cache: PagedKVCache) -> FlatBatch:
+        """Reserve cache blocks for every span (all or nothing) and lay the tokens out flat."""
+        _reserve(spans, cache)
+        starts, offset = [], 0
+        for span in spans:
+            starts.append(offset)
+            offset += len(span.token_ids)
+        device = cache.device
+        ids = [t for span in spans for t in span.token_ids]
+        positions = [p for span in spans for p in range(span.cached, span.total)]
+        slots = [s for span in spans for s in cache.slots(span.seq_id, span.cached, span.total)]
+        return cls(
+            spans=list(spans),
+            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            starts=starts,
+            lengths=[len(span.token_ids) for span in spans],
+            cached=[span.cached for span in spans],
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            block_tables=[cache.block_table(span.seq_id) for span in spans],
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def last_token_index(self) -> list[int]:
+        """Flat index of each span's last new token: the one whose logits the caller samples."""
+        return [start + length - 1 for start, length in zip(self.starts, self.lengths, strict=True)]
+
+
+def _reserve(spans: list[Span], cache: PagedKVCache) -> None:
+    """Check the whole batch fits before growing any sequence, so a failed build changes nothing."""
+    seq_ids = [span.seq_id for span in spans]
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError("a batch holds at most one span per sequence")
+    needed = sum(cache.blocks_needed(span.seq_id, span.total) for span in spans)
+    if needed > cache.num_free_blocks:
+        raise MemoryError(f"KV cache out of blocks: batch needs {needed}, {cache.num_free_blocks} free")
+    for span in spans:
+        cache.ensure(span.seq_id, span.total)

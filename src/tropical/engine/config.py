@@ -1,0 +1,92 @@
+"""Model shape read from a Hugging Face Llama-style config.json, so the engine never imports transformers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+_SCALING_TYPES = ("linear", "llama3")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """How RoPE frequencies are stretched for long contexts; mirrors transformers' "linear" and "llama3"."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_hf(cls, scaling: dict[str, Any] | None, max_positions: int) -> RopeScaling | None:
+        """None for plain RoPE; old configs say "type", new ones "rope_type"."""
+        if not scaling:
+            return None
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type == "default":
+            return None
+        if rope_type not in _SCALING_TYPES:
+            raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: {_SCALING_TYPES}")
+        if "factor" not in scaling:
+            raise ValueError("rope scaling is missing 'factor'")
+        if rope_type == "linear":
+            return cls("linear", float(scaling["factor"]))
+        return cls(
+            "llama3",
+            float(scaling["factor"]),
+            float(scaling.get("low_freq_factor", 1.0)),
+            float(scaling.get("high_freq_factor", 4.0)),
+            int(scaling.get("original_max_position_embeddings", max_positions)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The numbers the forward pass and the KV cache need; defaults follow transformers' LlamaConfig."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
+        """Accepts both the old (rope_theta, rope_scaling) and the transformers 5 (rope_parameters) layout."""
+        for name in _REQUIRED:
+            if config.get(name) is None:
+                raise ValueError(f"model config is missing required field {name!r}")
+        heads = int(config["num_attention_heads"])
+        max_positions = int(config.get("max_position_embeddings") or 2048)
+        rope = config.get("rope_parameters") or {}
+        scaling = config.get("rope_scaling") or rope
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(config.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+            rope_scaling=RopeScaling.from_hf(scaling, max_positions),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position_embeddings=max_positions,
+        )

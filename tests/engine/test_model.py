@@ -1,0 +1,207 @@
+"""The flat paged forward pass matches transformers' LlamaForCausalLM, however the tokens are batched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from tropical.engine.batch import FlatBatch, Span
+from tropical.engine.config import ModelConfig
+from tropical.engine.kv_cache import PagedKVCache
+from tropical.engine.model import LlamaModel, rope_inv_freq
+from tropical.engine.sampling import SamplingParams, make_generator, sample
+
+HF_KWARGS = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+)
+
+
+@pytest.fixture(scope="module")
+def hf() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**HF_KWARGS, tie_word_embeddings=False)).eval()
+
+
+@pytest.fixture(scope="module")
+def model(hf: LlamaForCausalLM) -> LlamaModel:
+    return _load(hf)
+
+
+def _load(hf: LlamaForCausalLM) -> LlamaModel:
+    ours = LlamaModel(ModelConfig.from_hf(hf.config.to_dict()))
+    ours.load_state_dict(hf.state_dict())
+    return ours.eval()
+
+
+def _cache(model: LlamaModel, blocks: int = 32) -> PagedKVCache:
+    return PagedKVCache(model.config, num_blocks=blocks, block_size=4)
+
+
+def _run(model: LlamaModel, cache: PagedKVCache, spans: list[Span]) -> torch.Tensor:
+    return model(FlatBatch.build(spans, cache), cache)
+
+
+@torch.no_grad()
+def _hf_logits(hf: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
+    return hf(torch.tensor([ids])).logits[0]
+
+
+def _prompt(n: int, seed: int = 1) -> list[int]:
+    return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_full_prefill_matches_transformers(hf: LlamaForCausalLM, model: LlamaModel) -> None:
+    ids = _prompt(20)
+    logits = _run(model, _cache(model), [Span("a", ids, 0)])
+    assert logits.shape == (1, 128)
+    assert (logits[0] - _hf_logits(hf, ids)[-1]).abs().max() <= 1e-4
+
+
+def test_chunked_prefill_matches_transformers(hf: LlamaForCausalLM, model: LlamaModel) -> None:
+    ids, cache = _prompt(20), _cache(model)
+    _run(model, cache, [Span("a", ids[:12], 0)])
+    logits = _run(model, cache, [Span("a", ids[12:], 12)])
+    assert (logits[0] - _hf_logits(hf, ids)[-1]).abs().max() <= 1e-4
+
+
+def test_greedy_decode_from_cache_matches_transformers(hf: LlamaForCausalLM, model: LlamaModel) -> None:
+    ids, cache = _prompt(20), _cache(model)
+    logits = _run(model, cache, [Span("a", ids, 0)])
+    for _ in range(5):
+        ids.append(int(logits[0].argmax()))
+        logits = _run(model, cache, [Span("a", ids[-1:], len(ids) - 1)])
+        assert (logits[0] - _hf_logits(hf, ids)[-1]).abs().max() <= 1e-4
+
+
+def _prime(model: LlamaModel, cache: PagedKVCache, prefixes: dict[str, list[int]]) -> None:
+    for seq_id, ids in prefixes.items():
+        _run(model, cache, [Span(seq_id, ids, 0)])
+
+
+def test_mixed_batch_equals_each_span_alone(model: LlamaModel) -> None:
+    prefixes = {"chunk": _prompt(6, 2), "d1": _prompt(7, 3), "d2": _prompt(13, 4)}
+    spans = [
+        Span("prefill", _prompt(10, 5), 0),
+        Span("chunk", _prompt(5, 6), 6),
+        Span("d1", [17], 7),
+        Span("d2", [42], 13),
+    ]
+    mixed_cache, alone_cache = _cache(model), _cache(model)
+    _prime(model, mixed_cache, prefixes)
+    _prime(model, alone_cache, prefixes)
+    mixed = _run(model, mixed_cache, spans)
+    alone = torch.cat([_run(model, alone_cache, [span]) for span in spans])
+    assert (mixed - alone).abs().max() <= 1e-5
+
+
+def _greedy(model: LlamaModel, cache: PagedKVCache, seq_id: str, last: int, cached: int) -> list[int]:
+    tokens = []
+    for step in range(5):
+        logits = _run(model, cache, [Span(seq_id, [last], cached + step)])
+        last = int(logits[0].argmax())
+        tokens.append(last)
+    return tokens
+
+
+def test_exported_kv_continues_identically_on_another_instance(
+    hf: LlamaForCausalLM, model: LlamaModel
+) -> None:
+    ids, source = _prompt(20), _cache(model)
+    first = int(_run(model, source, [Span("a", ids, 0)])[0].argmax())
+    target_model, target = _load(hf), _cache(model)
+    target.import_("b", source.export("a", len(ids)))
+    assert _greedy(target_model, target, "b", first, len(ids)) == _greedy(model, source, "a", first, len(ids))
+
+
+def test_tied_checkpoint_loads_without_lm_head() -> None:
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**HF_KWARGS, tie_word_embeddings=True)).eval()
+    state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    ours = LlamaModel(ModelConfig.from_hf(hf.config.to_dict()))
+    ours.load_state_dict(state)
+    ids = _prompt(9)
+    logits = _run(ours.eval(), _cache(ours), [Span("a", ids, 0)])
+    assert (logits[0] - _hf_logits(hf, ids)[-1]).abs().max() <= 1e-4
+
+
+def test_positions_beyond_max_position_embeddings_are_refused(model: LlamaModel) -> None:
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        _run(model, _cache(model, blocks=80), [Span("a", [1], 256)])
+
+
+def test_config_names_a_missing_field() -> None:
+    with pytest.raises(ValueError, match="intermediate_size"):
+        ModelConfig.from_hf({k: v for k, v in HF_KWARGS.items() if k != "intermediate_size"})
+
+
+def test_config_reads_old_style_rope_fields() -> None:
+    config = ModelConfig.from_hf(
+        {**HF_KWARGS, "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2}}
+    )
+    assert config.rope_theta == 500000.0
+    assert config.rope_scaling is not None and config.rope_scaling.factor == 2.0
+    assert config.head_dim == 16 and config.num_key_value_heads == 2
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
+def test_rope_scaling_matches_transformers(scaling: dict[str, float | str]) -> None:
+    rope = {**scaling, "rope_theta": 10000.0}
+    hf_config = LlamaConfig(**HF_KWARGS, rope_parameters=rope)
+    expected, _ = ROPE_INIT_FUNCTIONS[str(scaling["rope_type"])](hf_config, "cpu")
+    actual = rope_inv_freq(ModelConfig.from_hf({**HF_KWARGS, "rope_scaling": scaling}))
+    assert torch.allclose(actual, expected)
+
+
+def test_greedy_picks_argmax() -> None:
+    logits = torch.tensor([[0.1, 3.0, -1.0], [5.0, 0.0, 4.9]])
+    assert sample(logits, [SamplingParams()] * 2, [None, None]) == [1, 0]
+
+
+def _seeded(seed: int, **kwargs: float) -> list[int]:
+    logits = torch.randn(4, 128, generator=torch.Generator().manual_seed(7))
+    params = [SamplingParams(temperature=1.0, seed=seed, **kwargs) for _ in range(4)]
+    return sample(logits, params, [make_generator(p) for p in params])
+
+
+def test_same_seed_gives_same_tokens() -> None:
+    assert _seeded(3, top_p=0.9) == _seeded(3, top_p=0.9)
+    assert len({tuple(_seeded(seed)) for seed in range(5)}) > 1
+
+
+def test_top_k_one_equals_greedy() -> None:
+    logits = torch.randn(4, 128, generator=torch.Generator().manual_seed(7))
+    assert _seeded(3, top_k=1) == logits.argmax(-1).tolist()
+
+
+def test_tiny_top_p_equals_greedy() -> None:
+    logits = torch.randn(4, 128, generator=torch.Generator().manual_seed(7))
+    assert _seeded(3, top_p=1e-6) == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"seed": -2}]
+)
+def test_bad_sampling_params_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)

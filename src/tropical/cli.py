@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from tropical.config import PRESETS, SimConfig, read_config_file
-from tropical.report.tables import capacity_table, summary_table
+from tropical.report.tables import capacity_table, render, summary_table
 
 
 def _parse_bool(text: str) -> bool:
@@ -97,6 +97,47 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _torch_dtype(name: str) -> object:
+    import torch
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(dtypes)}")
+    return dtypes[name]
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tropical.engine.generate import generate
+    from tropical.engine.loader import load_model
+    from tropical.engine.sampling import SamplingParams
+
+    loaded = load_model(args.model, dtype=_torch_dtype(args.dtype), device=args.device)
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    result = generate(loaded, args.prompt, args.max_tokens, sampling, args.stop or None,
+                      chat=False if args.no_chat else None)
+    print(result.text)
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from tropical.engine.kv_cache import PagedKVCache
+    from tropical.engine.loader import load_model
+    from tropical.engine.profiler import FULL, QUICK, profile_engine, write_profile
+
+    loaded = load_model(args.model, dtype=_torch_dtype(args.dtype), device=args.device)
+    grid = FULL if args.full else QUICK
+    dtype = next(loaded.model.parameters()).dtype
+    cache = PagedKVCache(loaded.config, grid.blocks_needed(16), 16, dtype, args.device)
+    result = profile_engine(loaded.model, cache, quick=not args.full)
+    out = Path(args.out or f"out/profile-{loaded.name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_profile(result, out)
+    rows = [[kind, f"{e.median_pct:.1f}", f"{e.max_pct:.1f}"] for kind, e in result.errors.items()]
+    print(render(["iterations", "median error %", "max error %"], rows))
+    print(f"latency profile of {loaded.name}: {out} (use it with: tropical sim --profile {out})")
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from tropical.calibration.command import calibrate_main
 
@@ -105,6 +146,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def _add_model_options(parser: argparse.ArgumentParser, default: str = "smollm2") -> None:
+    parser.add_argument("--model", default=default,
+                        help="smollm2, tiny-random, a Hugging Face directory or a .gguf file")
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="requests of each trace used by the sensitivity studies")
     rep.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity studies")
     rep.set_defaults(func=cmd_reproduce)
+    gen = sub.add_parser("generate", help="complete a prompt with a model on this machine")
+    _add_model_options(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--no-chat", action="store_true", help="send the prompt without the chat template")
+    gen.set_defaults(func=cmd_generate)
+    prof = sub.add_parser("profile", help="measure this engine into a latency profile for sim and the toggle")
+    _add_model_options(prof, default="tiny-random")
+    prof.add_argument("--out", help="profile JSON (default out/profile-<model>.json)")
+    prof.add_argument("--full", action="store_true", help="the full grid (needs a 4k context)")
+    prof.set_defaults(func=cmd_profile)
     cal = sub.add_parser("calibrate", help="fit the roofline model to Vidur's measured profiles")
     cal.add_argument("--vidur", default="../shared/data/profiles/vidur")
     cal.add_argument("--out", help="directory for the calibrated JSON files")

@@ -5,7 +5,8 @@ decode(B, ΣC)    = a_d + b_d * ΣC + c_d * B
 mixed iteration  = prefill part + b_d * ΣC + c_d * B   (decodes ride on the prefill's pass)
 transfer(tokens) = t_0 + tokens * kv_bytes_per_token / bandwidth
 
-The engine's profiler writes this file; the JSON layout is documented in ``FittedModel.to_dict``.
+The engine's profiler writes this file; the JSON layout is documented in ``FittedModel.to_dict``;
+``fit_error`` (the profiler's report of how well the fit matched its measurements) is read past.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from tropical.core.latency.shape import BatchShape
 
 FORMAT = "tropical-latency-profile/1"
+REPORT_KEYS = ("fit_error",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ class FittedModel:
     def from_dict(cls, data: dict[str, Any]) -> FittedModel:
         if data.get("format") != FORMAT:
             raise ValueError(f"latency profile: expected format {FORMAT!r}, got {data.get('format')!r}")
-        fields = {k: v for k, v in data.items() if k != "format"}
+        fields = {k: v for k, v in data.items() if k != "format" and k not in REPORT_KEYS}
         try:
             return cls(**{k: float(v) for k, v in fields.items()})
         except TypeError as err:

@@ -1,0 +1,259 @@
+"""Engine speed on this machine: continuous batching vs transformers, decode scaling, prefill FLOP rate.
+
+Usage: python benchmarks/engine_speed.py [--model smollm2] [--requests 16] [--max-tokens 32] [--json]
+Everything runs side by side in one process on the same weights, and is reported as ratios, so the
+numbers compare with each other rather than with another machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tropical.core.request import Request
+from tropical.core.slo import SLO
+from tropical.engine.batch import FlatBatch, Span
+from tropical.engine.config import ModelConfig
+from tropical.engine.kv_cache import PagedKVCache
+from tropical.engine.loader import load_model
+from tropical.engine.model import LlamaModel
+from tropical.engine.runner import EngineWorker
+from tropical.engine.sampling import SamplingParams
+from tropical.report.tables import render
+
+BLOCK_SIZE = 16
+HF_BATCH = 8
+PROMPT_RANGE = (16, 200)
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+DECODE_CONTEXT = 128
+PREFILL_TOKENS = 512
+NO_SLO = SLO(ttft=math.inf, tpot=math.inf)
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median seconds of `repeats` calls after `warmup` untimed ones: the first calls pay allocation."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Seeded random token prompts of varied length: the throughput test is about shapes, not text."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(*PROMPT_RANGE))] for _ in range(n)]
+
+
+# ---- 1. throughput: our engine vs transformers generate -------------------------------------------
+
+
+def run_engine(model: LlamaModel, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+    """(wall seconds, generated ids) through EngineWorker; no eos ids, so every request runs to max_tokens."""
+    blocks = sum(-(-(len(p) + max_tokens) // BLOCK_SIZE) for p in prompts) + len(prompts)
+    cache = PagedKVCache(model.config, num_blocks=blocks, block_size=BLOCK_SIZE)
+    worker = EngineWorker(model, cache)
+    for i, prompt in enumerate(prompts):
+        worker.submit(Request(i, 0.0, len(prompt), max_tokens, NO_SLO), prompt, SamplingParams())
+    outputs: dict[int, list[int]] = {}
+    start = time.perf_counter()
+    while worker.has_work:
+        report = worker.step(time.perf_counter() - start)
+        outputs.update((f.req.id, f.token_ids) for f in report.finished)
+    return time.perf_counter() - start, [outputs[i] for i in range(len(prompts))]
+
+
+def hf_config(config: ModelConfig) -> LlamaConfig:
+    """The transformers config equivalent to ours; no eos id, so generate never stops or suppresses early."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        s = config.rope_scaling
+        rope.update(rope_type=s.rope_type, factor=s.factor, low_freq_factor=s.low_freq_factor,
+                    high_freq_factor=s.high_freq_factor,
+                    original_max_position_embeddings=s.original_max_position_embeddings)
+    return LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps, rope_parameters=rope,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings, bos_token_id=None, eos_token_id=None, pad_token_id=0,
+    )
+
+
+def hf_twin(model: LlamaModel) -> LlamaForCausalLM:
+    """transformers' LlamaForCausalLM holding our exact weights (parameter names already match)."""
+    hf = LlamaForCausalLM(hf_config(model.config))
+    hf.load_state_dict(model.state_dict(), strict=True)
+    if model.config.tie_word_embeddings:
+        hf.tie_weights()
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf.eval()
+
+
+@torch.no_grad()
+def hf_generate(hf: LlamaForCausalLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Static batching: one left-padded generate call per batch of prompts, greedy, exactly max_tokens."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_tokens,
+                      min_new_tokens=max_tokens, pad_token_id=0)
+    return out[:, width:].tolist()
+
+
+def run_hf(hf: LlamaForCausalLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+    """(wall seconds, generated ids) for transformers in batches of HF_BATCH, in arrival order."""
+    outputs: list[list[int]] = []
+    start = time.perf_counter()
+    for i in range(0, len(prompts), HF_BATCH):
+        outputs += hf_generate(hf, prompts[i:i + HF_BATCH], max_tokens)
+    return time.perf_counter() - start, outputs
+
+
+def throughput(model: LlamaModel, n: int, max_tokens: int) -> dict[str, float]:
+    """Same requests through both; warm-up runs first so neither pays one-off allocation in the timing."""
+    prompts = make_prompts(n, model.config.vocab_size)
+    hf = hf_twin(model)
+    run_engine(model, prompts[:2], 2)
+    run_hf(hf, prompts[:2], 2)
+    ours_s, ours = run_engine(model, prompts, max_tokens)
+    hf_s, theirs = run_hf(hf, prompts, max_tokens)
+    tokens = n * max_tokens
+    return {
+        "requests": n, "max_tokens": max_tokens, "engine_s": ours_s, "hf_s": hf_s,
+        "engine_tok_s": tokens / ours_s, "hf_tok_s": tokens / hf_s,
+        "speedup": hf_s / ours_s,
+        "equal_outputs": sum(a == b for a, b in zip(ours, theirs, strict=True)) / n,
+    }
+
+
+# ---- 2. decode step time vs batch size -------------------------------------------------------------
+
+
+def decode_scaling(model: LlamaModel) -> dict[int, float]:
+    """Median decode-step seconds per batch size at DECODE_CONTEXT tokens of context each.
+
+    The context's K/V is left as the cache's zeros rather than prefilled: a step's cost depends on
+    shapes, not values, and prefilling 64 x 128 tokens would dominate the benchmark on a small CPU.
+    """
+    blocks = max(DECODE_BATCHES) * -(-DECODE_CONTEXT // BLOCK_SIZE)
+    cache = PagedKVCache(model.config, num_blocks=blocks, block_size=BLOCK_SIZE)
+    result = {}
+    for size in DECODE_BATCHES:
+        spans = [Span(i, [i + 1], DECODE_CONTEXT - 1) for i in range(size)]
+        result[size] = median_time(lambda s=spans: model(FlatBatch.build(s, cache), cache), repeats=5)
+    return result
+
+
+# ---- 3. prefill FLOP rate vs plain torch.matmul ------------------------------------------------------
+
+
+def gemm_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """(in, out) of each linear layer in one decoder layer."""
+    h, q, kv, inter = (config.hidden_size, config.num_attention_heads * config.head_dim,
+                       config.num_key_value_heads * config.head_dim, config.intermediate_size)
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
+
+
+def prefill_flops(config: ModelConfig, n: int) -> tuple[float, float]:
+    """(linear FLOPs, attention FLOPs) of one n-token prefill as our forward executes it.
+
+    Linear: 2 x n x params of every layer's projections, plus lm_head on the last token only (the
+    forward only computes the logits it samples). Attention: QK^T and AV over the full n x n score
+    matrix per head (4 n^2 H D per layer), since SDPA with an explicit mask computes the masked half too.
+    """
+    per_layer = sum(i * o for i, o in gemm_shapes(config))
+    linear = 2 * n * per_layer * config.num_hidden_layers + 2 * config.hidden_size * config.vocab_size
+    attention = 4 * n * n * config.num_attention_heads * config.head_dim * config.num_hidden_layers
+    return float(linear), float(attention)
+
+
+def matmul_rate(config: ModelConfig, n: int) -> float:
+    """FLOP/s of bare torch.matmul over the same GEMMs as the prefill's linear layers (incl. lm_head)."""
+    shapes = [(n, i, o) for i, o in gemm_shapes(config)]
+    seconds, flops = 0.0, 0.0
+    for m, k, o in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, o)
+        seconds += median_time(lambda a=a, b=b: torch.matmul(a, b), repeats=5) * config.num_hidden_layers
+        flops += 2.0 * m * k * o * config.num_hidden_layers
+    a, b = torch.randn(1, config.hidden_size), torch.randn(config.hidden_size, config.vocab_size)
+    seconds += median_time(lambda: torch.matmul(a, b), repeats=5)
+    flops += 2.0 * config.hidden_size * config.vocab_size
+    return flops / seconds
+
+
+def prefill_rate(model: LlamaModel, n: int) -> dict[str, float]:
+    """Our prefill's achieved FLOP rate and its fraction of what torch.matmul reaches on the same GEMMs."""
+    cache = PagedKVCache(model.config, num_blocks=-(-n // BLOCK_SIZE), block_size=BLOCK_SIZE)
+    ids = make_prompts(1, model.config.vocab_size, seed=1)[0] * (n // PROMPT_RANGE[0] + 1)
+    span = [Span(0, ids[:n], 0)]
+    seconds = median_time(lambda: model(FlatBatch.build(span, cache), cache), repeats=3)
+    linear, attention = prefill_flops(model.config, n)
+    rate, reference = (linear + attention) / seconds, matmul_rate(model.config, n)
+    return {"tokens": n, "prefill_s": seconds, "linear_gflop": linear / 1e9,
+            "attention_gflop": attention / 1e9, "gflop_s": rate / 1e9,
+            "matmul_gflop_s": reference / 1e9, "fraction": rate / reference}
+
+
+# ---- report -------------------------------------------------------------------------------------------
+
+
+def print_tables(tp: dict[str, float], decode: dict[int, float], prefill: dict[str, float]) -> None:
+    """Plain-text tables, one per measurement."""
+    print(render(["throughput", "wall s", "output tok/s", "vs transformers"], [
+        ["engine (continuous)", f"{tp['engine_s']:.2f}", f"{tp['engine_tok_s']:.1f}",
+         f"{tp['speedup']:.2f}x"],
+        [f"transformers (B={HF_BATCH})", f"{tp['hf_s']:.2f}", f"{tp['hf_tok_s']:.1f}", "1.00x"],
+    ]))
+    print(f"equal outputs: {tp['equal_outputs']:.0%} of {tp['requests']} requests "
+          f"({tp['max_tokens']} tokens each, greedy)\n")
+    print(render(["decode batch", "step ms", "vs batch 1", "per seq ms"], [
+        [str(b), f"{s * 1e3:.1f}", f"{s / decode[1]:.2f}x", f"{s * 1e3 / b:.2f}"] for b, s in decode.items()
+    ]))
+    print()
+    print(render(["prefill", "tokens", "ms", "GFLOP", "GFLOP/s", "matmul GFLOP/s", "fraction"], [[
+        "engine", str(prefill["tokens"]), f"{prefill['prefill_s'] * 1e3:.0f}",
+        f"{prefill['linear_gflop'] + prefill['attention_gflop']:.1f}", f"{prefill['gflop_s']:.1f}",
+        f"{prefill['matmul_gflop_s']:.1f}", f"{prefill['fraction']:.0%}",
+    ]]))
+    print("(FLOPs: linear layers for all tokens, lm_head for the last token only, attention as dense n x n)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    model = load_model(args.model).model
+    tp = throughput(model, args.requests, args.max_tokens)
+    decode = decode_scaling(model)
+    prefill = prefill_rate(model, PREFILL_TOKENS)
+    wall = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"model": args.model, "threads": torch.get_num_threads(), "throughput": tp,
+                          "decode_step_s": decode, "prefill": prefill, "wall_s": wall}))
+        return
+    print(f"model {args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print_tables(tp, decode, prefill)
+    print(f"\ntotal {wall:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,9 +11,7 @@ import argparse
 import json
 import math
 import random
-import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +24,7 @@ from tropical.engine.config import ModelConfig
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.loader import load_model
 from tropical.engine.model import LlamaModel
+from tropical.engine.profiler import median_seconds
 from tropical.engine.runner import EngineWorker
 from tropical.engine.sampling import SamplingParams
 from tropical.report.tables import render
@@ -37,18 +36,6 @@ DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DECODE_CONTEXT = 128
 PREFILL_TOKENS = 512
 NO_SLO = SLO(ttft=math.inf, tpot=math.inf)
-
-
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median seconds of `repeats` calls after `warmup` untimed ones: the first calls pay allocation."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -155,7 +142,8 @@ def decode_scaling(model: LlamaModel) -> dict[int, float]:
     result = {}
     for size in DECODE_BATCHES:
         spans = [Span(i, [i + 1], DECODE_CONTEXT - 1) for i in range(size)]
-        result[size] = median_time(lambda s=spans: model(FlatBatch.build(s, cache), cache), repeats=5)
+        step = lambda s=spans: model(FlatBatch.build(s, cache), cache)  # noqa: E731
+        result[size] = median_seconds(step, repeats=5, warmup=1)
     return result
 
 
@@ -188,10 +176,11 @@ def matmul_rate(config: ModelConfig, n: int) -> float:
     seconds, flops = 0.0, 0.0
     for m, k, o in shapes:
         a, b = torch.randn(m, k), torch.randn(k, o)
-        seconds += median_time(lambda a=a, b=b: torch.matmul(a, b), repeats=5) * config.num_hidden_layers
+        gemm = median_seconds(lambda a=a, b=b: torch.matmul(a, b), repeats=5, warmup=1)
+        seconds += gemm * config.num_hidden_layers
         flops += 2.0 * m * k * o * config.num_hidden_layers
     a, b = torch.randn(1, config.hidden_size), torch.randn(config.hidden_size, config.vocab_size)
-    seconds += median_time(lambda: torch.matmul(a, b), repeats=5)
+    seconds += median_seconds(lambda: torch.matmul(a, b), repeats=5, warmup=1)
     flops += 2.0 * config.hidden_size * config.vocab_size
     return flops / seconds
 
@@ -201,7 +190,7 @@ def prefill_rate(model: LlamaModel, n: int) -> dict[str, float]:
     cache = PagedKVCache(model.config, num_blocks=-(-n // BLOCK_SIZE), block_size=BLOCK_SIZE)
     ids = make_prompts(1, model.config.vocab_size, seed=1)[0] * (n // PROMPT_RANGE[0] + 1)
     span = [Span(0, ids[:n], 0)]
-    seconds = median_time(lambda: model(FlatBatch.build(span, cache), cache), repeats=3)
+    seconds = median_seconds(lambda: model(FlatBatch.build(span, cache), cache), repeats=3, warmup=1)
     linear, attention = prefill_flops(model.config, n)
     rate, reference = (linear + attention) / seconds, matmul_rate(model.config, n)
     return {"tokens": n, "prefill_s": seconds, "linear_gflop": linear / 1e9,

@@ -159,14 +159,17 @@ def _kv_bytes_per_token(cache: PagedKVCache) -> float:
 def _transfer(cache: PagedKVCache, tokens: int) -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) from exporting 1 token and ``tokens`` tokens of KV."""
     cache.ensure("transfer", tokens)
-    small = _median_seconds(lambda: cache.export("transfer", 1))
-    large = _median_seconds(lambda: cache.export("transfer", tokens))
+    small = median_seconds(lambda: cache.export("transfer", 1))
+    large = median_seconds(lambda: cache.export("transfer", tokens))
     cache.free("transfer")
     moved = (tokens - 1) * _kv_bytes_per_token(cache)
     return moved / max(large - small, 1e-9), small
 
 
-def _median_seconds(action: Any, repeats: int = 7) -> float:
+def median_seconds(action: Any, repeats: int = 7, warmup: int = 0) -> float:
+    """Median seconds of ``repeats`` calls after ``warmup`` untimed ones (first calls allocate)."""
+    for _ in range(warmup):
+        action()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -37,7 +37,6 @@ class WorkerState:
     decode_context: int = 0
     running_remaining: int = 0
     waiting_tokens: int = 0
-    incoming_tokens: int = 0
     busy_until: float = 0.0
     batch_prefills: int = 0
     queued_work: float = 0.0
@@ -49,6 +48,11 @@ class WorkerState:
     def unfinished_tokens(self) -> int:
         """Prompt tokens still to prefill plus output tokens still to generate, all assigned work."""
         return self.waiting_tokens + self.running_remaining + self.incoming_tokens
+
+    @property
+    def incoming_tokens(self) -> int:
+        """Output tokens still to generate by requests whose KV is on its way here."""
+        return sum(r.output_len - r.generated for r in self.incoming.values())
 
     @property
     def batch_size(self) -> int:
@@ -93,9 +97,9 @@ class WorkerState:
     def can_hold(self, req: Request, watermark: float = 1.0) -> bool:
         return self.kv.fits(self.kv_tokens_needed(req), watermark)
 
-    def reserve(self, req: Request, tokens: int | None = None) -> bool:
+    def reserve(self, req: Request) -> bool:
         """Reserve ``req``'s KV here if it fits; False leaves everything unchanged."""
-        tokens = self.kv_tokens_needed(req) if tokens is None else tokens
+        tokens = self.kv_tokens_needed(req)
         if req.id in self.holds or not self.kv.fits(tokens):
             return req.id in self.holds
         self.holds[req.id] = self.kv.reserve(tokens)
@@ -114,7 +118,6 @@ class WorkerState:
         """Reserve room for a request whose KV is on its way here."""
         if not self.reserve(req):
             raise MemoryError(f"worker {self.id} has no room for request {req.id}")
-        self.incoming_tokens += req.output_len - req.generated
         self.incoming[req.id] = req
 
     def join(self, req: Request) -> None:
@@ -135,7 +138,6 @@ class WorkerState:
     def admit_inbox(self) -> None:
         """Join every landed request; call only between iterations."""
         for req in self.inbox:
-            self.incoming_tokens -= req.output_len - req.generated
             del self.incoming[req.id]
             self.join(req)
         self.inbox.clear()

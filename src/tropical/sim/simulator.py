@@ -92,9 +92,9 @@ class Simulator:
     def _out_of_budget(self) -> bool:
         return self.miss_budget is not None and self.misses > self.miss_budget
 
-    def _first_tokens(self, requests: Sequence[Request]) -> None:
+    def _first_token(self, req: Request) -> None:
         """A late first token is a certain miss."""
-        self.misses += sum(r.first_token - r.arrival > r.slo.ttft for r in requests)
+        self.misses += req.first_token - req.arrival > req.slo.ttft
 
     def _finished(self, requests: Sequence[Request]) -> bool:
         """Count TPOT misses of requests whose TTFT was on time; True if any finished."""
@@ -223,7 +223,7 @@ class Simulator:
         for req, new, _ in batch.prefills:
             self.stats[worker.id].prefill_tokens += new
             if worker.complete_prefill(req, new, self.now):
-                self._first_tokens([req])
+                self._first_token(req)
                 freed |= req.finish is not None
                 if not worker.role.decodes and req.finish is None:
                     self._migrate(req, worker)

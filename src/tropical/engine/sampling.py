@@ -39,6 +39,15 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
     return torch.Generator(device=device).manual_seed(params.seed)
 
 
+def step_generator(params: SamplingParams, step: int, device: torch.device | str = "cpu"
+                   ) -> torch.Generator | None:
+    """The generator for a seeded request's ``step``-th token: a pure function of (seed, step), so the
+    draw is the same whichever worker or process samples it (a migrated request keeps its stream)."""
+    if params.seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed((params.seed * 1_000_003 + step) % 2**63)
+
+
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:

@@ -1,0 +1,107 @@
+"""Prometheus metrics for `tropical serve`, on a private registry so tests and servers never share state.
+
+Latencies are computed by `tropical.core.metrics`, the same definitions the simulator reports, so a live
+histogram and a simulated percentile measure the same thing.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from tropical.core.metrics import e2e, queueing, tpot, ttft
+from tropical.core.request import Request
+
+# Seconds, from a millisecond decode step to a multi-minute queue under overload.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0)
+WORKER_LABELS = ("worker", "role", "node")
+
+
+class ServerMetrics:
+    """Every metric the server exports; one instance per router process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = self._histogram("tropical_ttft_seconds", "Time to first token")
+        self.tpot = self._histogram("tropical_tpot_seconds", "Time per output token after the first")
+        self.queueing = self._histogram("tropical_queueing_seconds", "Arrival to prefill start")
+        self.e2e = self._histogram("tropical_e2e_seconds", "Arrival to last token")
+        self.migration_seconds = self._histogram("tropical_migration_seconds", "KV migration time")
+        self.migrations = self._counter("tropical_migrations_total", "KV migrations between workers")
+        self.migrated_tokens = self._counter("tropical_migrated_tokens_total", "Tokens of KV migrated")
+        self.paths = self._counter("tropical_path_decisions_total", "Where prefills ran", "path")
+        self.rejected = self._counter("tropical_rejected_total", "Requests refused before running", "reason")
+        self.requests = self._counter("tropical_requests_total", "Requests by how they ended", "outcome")
+        self.running = self._worker_gauge("tropical_worker_running", "Requests running on a worker")
+        self.waiting = self._worker_gauge("tropical_worker_waiting", "Requests waiting on a worker")
+        self.kv_usage = self._worker_gauge("tropical_worker_kv_usage", "Fraction of KV blocks in use")
+        self.up = self._worker_gauge("tropical_worker_up", "1 while the worker process is alive")
+        self.worker_labels: dict[int, tuple[str, str, str]] = {}
+
+    def _histogram(self, name: str, doc: str) -> Histogram:
+        return Histogram(name, doc, buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def _worker_gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, WORKER_LABELS, registry=self.registry)
+
+    def observe_finished(self, req: Request) -> None:
+        """Latencies of a request that ended normally, with `output_len` the tokens it actually generated.
+
+        Failed requests have no meaningful latency (count them with `record_request`); TPOT is only
+        defined past the first token, so one-token requests add no TPOT sample.
+        """
+        if req.error is not None or req.finish is None:
+            return
+        if req.prefill_start is not None:
+            self.queueing.observe(queueing(req))
+        if req.first_token is not None:
+            self.ttft.observe(ttft(req))
+            if req.output_len > 1:
+                self.tpot.observe(tpot(req))
+        self.e2e.observe(e2e(req))
+
+    def record_path(self, path: str) -> None:
+        self.paths.labels(path).inc()
+
+    def record_migration(self, seconds: float, tokens: int) -> None:
+        self.migrations.inc()
+        self.migrated_tokens.inc(tokens)
+        self.migration_seconds.observe(seconds)
+
+    def record_rejection(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def record_request(self, outcome: str) -> None:
+        self.requests.labels(outcome).inc()
+
+    def set_worker(
+        self, worker_id: int, role: str, running: int, waiting: int, kv_used_fraction: float, alive: bool,
+        node: str = "local",
+    ) -> None:
+        """A worker's current load; a worker whose role changed drops its series under the old role."""
+        labels = (str(worker_id), role, node)
+        old = self.worker_labels.get(worker_id)
+        if old is not None and old != labels:
+            for gauge in self._worker_gauges():
+                gauge.remove(*old)
+        self.worker_labels[worker_id] = labels
+        for gauge, value in zip(self._worker_gauges(), (running, waiting, kv_used_fraction, float(alive)),
+                                strict=True):
+            gauge.labels(*labels).set(value)
+
+    def _worker_gauges(self) -> tuple[Gauge, Gauge, Gauge, Gauge]:
+        return self.running, self.waiting, self.kv_usage, self.up
+
+    def render(self) -> tuple[bytes, str]:
+        """The /metrics body and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,327 @@
+"""The OpenAI wire format: parse /v1/completions and /v1/chat/completions bodies, build the responses.
+
+Pure functions over bytes and dicts, so every rule about bad input is testable without a server. Errors
+name the offending field in `param`, the way OpenAI's API does; fields we do not know are ignored, since
+real clients send many.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOPS = 4
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class APIError(Exception):
+    """An error the client caused or must hear about, with the HTTP status and OpenAI's error body."""
+
+    def __init__(
+        self, status: int, message: str, type: str = "invalid_request_error",
+        param: str | None = None, code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated request; `prompt` is empty for chat, whose `messages` the router renders."""
+
+    model: str
+    chat: bool
+    prompt: str | list[int]
+    messages: list[dict] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+
+def parse_completion(body: bytes, headers: Mapping[str, str]) -> GenerationRequest:
+    """A /v1/completions body: one prompt, as text or token ids."""
+    data = load_body(body)
+    return build_request(data, headers, chat=False, prompt=completion_prompt(data.get("prompt")))
+
+
+def parse_chat(body: bytes, headers: Mapping[str, str]) -> GenerationRequest:
+    """A /v1/chat/completions body: messages with text content, normalized to strings."""
+    data = load_body(body)
+    return build_request(data, headers, chat=True, prompt="", messages=chat_messages(data.get("messages")))
+
+
+def load_body(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return data
+
+
+def build_request(
+    data: dict[str, Any], headers: Mapping[str, str], chat: bool, prompt: str | list[int],
+    messages: list[dict] | None = None,
+) -> GenerationRequest:
+    """The fields both endpoints share, each checked by its own rule."""
+    check_n(data.get("n"))
+    stream = boolean(data, "stream", False)
+    return GenerationRequest(
+        model=model_name(data.get("model")),
+        chat=chat,
+        prompt=prompt,
+        messages=messages,
+        max_tokens=max_tokens(data, chat),
+        temperature=number(data, "temperature", 1.0, lambda x: 0 <= x <= 2, "a number in [0, 2]"),
+        top_p=number(data, "top_p", 1.0, lambda x: 0 < x <= 1, "a number in (0, 1]"),
+        top_k=top_k(data.get("top_k")),
+        seed=integer(data, "seed", None, "an integer"),
+        stop=stop_strings(data.get("stop")),
+        ignore_eos=boolean(data, "ignore_eos", False),
+        stream=stream,
+        include_usage=include_usage(data.get("stream_options"), stream),
+        slo_ttft_ms=slo_ms(data, headers, "slo_ttft_ms", "x-slo-ttft-ms"),
+        slo_tpot_ms=slo_ms(data, headers, "slo_tpot_ms", "x-slo-tpot-ms"),
+    )
+
+
+def invalid(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def shown(value: Any) -> str:
+    """A bad value quoted in an error message, cut short so a huge body cannot flood the reply."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite JSON number; integers too big for a float are not (float() would overflow later)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def model_name(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise invalid("model", "model is required and must be a non-empty string")
+    return value
+
+
+def check_n(value: Any) -> None:
+    if value is not None and value != 1:
+        raise invalid("n", f"n must be 1 (one choice per request), got {shown(value)}")
+
+
+def boolean(data: dict[str, Any], name: str, default: bool, within: str = "") -> bool:
+    """`within` prefixes the param of a field nested in an object, e.g. "stream_options."."""
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(within + name, f"{within}{name} must be true or false, got {shown(value)}")
+    return value
+
+
+def integer(data: dict[str, Any], name: str, minimum: int | None, rule: str) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not is_int(value) or (minimum is not None and value < minimum):
+        raise invalid(name, f"{name} must be {rule}, got {shown(value)}")
+    return value
+
+
+def number(
+    data: dict[str, Any], name: str, default: float, valid: Callable[[float], bool], rule: str,
+) -> float:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not is_number(value) or not valid(value):
+        raise invalid(name, f"{name} must be {rule}, got {shown(value)}")
+    return float(value)
+
+
+def max_tokens(data: dict[str, Any], chat: bool) -> int | None:
+    """Chat clients may send the newer `max_completion_tokens`; it wins over `max_tokens`."""
+    name = "max_completion_tokens" if chat and data.get("max_completion_tokens") is not None else "max_tokens"
+    return integer(data, name, 1, "a positive integer")
+
+
+def top_k(value: Any) -> int | None:
+    """An extension; 0 and -1 mean no top-k, as in vLLM."""
+    if value is None or (is_int(value) and value in (0, -1)):
+        return None
+    return integer({"top_k": value}, "top_k", 1, "a positive integer (or 0 or -1 to disable it)")
+
+
+def stop_strings(value: Any) -> list[str]:
+    stops = [value] if isinstance(value, str) else value
+    if stops is None:
+        return []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise invalid("stop", f"stop must be a non-empty string or a list of them, got {shown(value)}")
+    if len(stops) > MAX_STOPS:
+        raise invalid("stop", f"stop takes at most {MAX_STOPS} strings, got {len(stops)}")
+    return list(stops)
+
+
+def include_usage(options: Any, stream: bool) -> bool:
+    if options is None:
+        return False
+    if not stream:
+        raise invalid("stream_options", "stream_options is only allowed when stream is true")
+    if not isinstance(options, dict):
+        raise invalid("stream_options", f"stream_options must be an object, got {shown(options)}")
+    return boolean(options, "include_usage", False, within="stream_options.")
+
+
+def slo_ms(data: dict[str, Any], headers: Mapping[str, str], name: str, header: str) -> float | None:
+    """A per-request SLO in milliseconds from the body or, failing that, a header."""
+    if data.get(name) is not None:
+        return positive_ms(data[name], name)
+    raw = next((v for k, v in headers.items() if k.lower() == header), None)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    return positive_ms(value, header)
+
+
+def positive_ms(value: Any, param: str) -> float:
+    if not is_number(value) or value <= 0:
+        raise invalid(param, f"{param} must be a positive number of milliseconds, got {shown(value)}")
+    return float(value)
+
+
+def completion_prompt(value: Any) -> str | list[int]:
+    """One prompt: text or token ids. Batches (lists of strings or of id lists) are refused, as n is 1."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(is_int(t) and t >= 0 for t in value):
+        return list(value)
+    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        raise invalid("prompt", "batched prompts (a list of strings or of token lists) are not supported: "
+                                "send one prompt per request, as a string or a list of token ids")
+    raise invalid("prompt", f"prompt must be a non-empty string or a list of token ids, got {shown(value)}")
+
+
+def chat_messages(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", "messages must be a non-empty list of {role, content} objects")
+    return [chat_message(m, f"messages[{i}]") for i, m in enumerate(value)]
+
+
+def chat_message(message: Any, where: str) -> dict:
+    if not isinstance(message, dict):
+        raise invalid(where, f"{where} must be an object with role and content")
+    role = message.get("role")
+    if role not in ROLES:
+        raise invalid(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}, got {shown(role)}")
+    return {"role": role, "content": message_content(message.get("content"), f"{where}.content")}
+
+
+def message_content(content: Any, where: str) -> str:
+    """A string, or text parts joined by newlines as vLLM does; other part types are refused."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(where, f"{where} must be a string or a list of text parts, got {shown(content)}")
+    return "\n".join(text_part(part, f"{where}[{i}]") for i, part in enumerate(content))
+
+
+def text_part(part: Any, where: str) -> str:
+    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+        raise invalid(where, f"{where} must be a {{\"type\": \"text\", \"text\": ...}} part "
+                             f"(only text is supported), got {shown(part)}")
+    return part["text"]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def envelope(request_id: str, model: str, created: int, obj: str, choices: list[dict]) -> dict:
+    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def completion_body(
+    request_id: str, model: str, created: int, text: str, finish_reason: str,
+    prompt_tokens: int, completion_tokens: int, chat: bool,
+) -> dict:
+    """A whole non-streaming response: one choice and its usage."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    obj = "chat.completion" if chat else "text_completion"
+    body = envelope(request_id, model, created, obj, [choice])
+    body["usage"] = usage(prompt_tokens, completion_tokens)
+    return body
+
+
+def stream_chunk(
+    request_id: str, model: str, created: int, text: str, finish_reason: str | None, chat: bool, first: bool,
+) -> dict:
+    """One streamed piece; the first chat chunk names the role, an empty final one carries no content."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if chat:
+        delta: dict[str, str] = {"role": "assistant"} if first else {}
+        if text or first:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text
+    return envelope(request_id, model, created, chunk_object(chat), [choice])
+
+
+def usage_chunk(
+    request_id: str, model: str, created: int, prompt_tokens: int, completion_tokens: int, chat: bool,
+) -> dict:
+    """The last chunk when stream_options.include_usage is set: no choices, only usage."""
+    body = envelope(request_id, model, created, chunk_object(chat), [])
+    body["usage"] = usage(prompt_tokens, completion_tokens)
+    return body
+
+
+def chunk_object(chat: bool) -> str:
+    return "chat.completion.chunk" if chat else "text_completion"
+
+
+def sse(data: dict) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def models_body(model_ids: list[str], max_model_len: int, created: int = 0) -> dict:
+    """The /v1/models listing; `created` is when the server loaded them (Unix seconds)."""
+    data = [{"id": m, "object": "model", "created": created, "owned_by": "tropical",
+             "max_model_len": max_model_len} for m in model_ids]
+    return {"object": "list", "data": data}

@@ -127,5 +127,5 @@ def test_profile_writes_a_profile_the_simulator_loads(capsys, tmp_path, monkeypa
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", "tiny-random", "--out", str(out)]) == 0
     assert "median error" in capsys.readouterr().out
-    from tropical.sim.build import load_profile
+    from tropical.calibration.store import load_profile
     assert load_profile(out).decode_intercept >= 0

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
+from tropical.bench.config import add_bench_options
 from tropical.config import PRESETS, SimConfig, read_config_file
 from tropical.report.tables import capacity_table, render, summary_table
 
@@ -148,6 +149,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tropical.bench.command import bench_main
+
+    return bench_main(args)
+
+
 def _add_model_options(parser: argparse.ArgumentParser, default: str = "smollm2") -> None:
     parser.add_argument("--model", default=default,
                         help="smollm2, tiny-random, a Hugging Face directory or a .gguf file")
@@ -197,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", help="directory for the calibrated JSON files")
     cal.add_argument("--json", action="store_true")
     cal.set_defaults(func=cmd_calibrate)
+    bench = sub.add_parser("bench", help="replay a trace against an OpenAI-compatible server, measure SLOs")
+    add_bench_options(bench)
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tropical.calibration.store import load_profile
 from tropical.core.latency.fitted import FittedModel
 from tropical.engine.config import ModelConfig
 from tropical.engine.kv_cache import PagedKVCache
@@ -22,7 +23,6 @@ from tropical.engine.profiler import (
     profile_engine,
     write_profile,
 )
-from tropical.sim.build import load_profile
 
 CONFIG = ModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=16, intermediate_size=128, vocab_size=96, max_position_embeddings=256)

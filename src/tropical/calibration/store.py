@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.roofline import Efficiency, RooflineModel
 from tropical.core.specs import ReplicaSpec
 
@@ -44,3 +45,17 @@ def load_efficiency(gpu_name: str, directory: Path = CALIBRATION_DIR) -> Efficie
 def load_roofline(replica: ReplicaSpec, directory: Path = CALIBRATION_DIR) -> RooflineModel:
     """The calibrated roofline of a replica, from the shipped factors of its GPU."""
     return RooflineModel(replica, load_efficiency(replica.gpu.name, directory))
+
+
+def load_profile(path: str | Path) -> FittedModel:
+    """A fitted latency profile written by ``tropical profile``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read latency profile {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"latency profile {path}: not valid JSON ({err})") from None
+    try:
+        return FittedModel.from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None

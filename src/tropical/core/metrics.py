@@ -98,7 +98,7 @@ class Summary:
 def summarize(requests: Sequence[Request]) -> Summary:
     """Aggregate finished requests; unfinished or failed ones count against attainment."""
     done = [r for r in requests if r.error is None and r.finish is not None]
-    span = _span(requests)
+    run = span(requests)
     return Summary(
         requests=len(requests),
         completed=len(done),
@@ -106,15 +106,16 @@ def summarize(requests: Sequence[Request]) -> Summary:
         attainment=sum(map(attains, done)) / len(requests) if requests else 0.0,
         ttft=Distribution.of([ttft(r) for r in done]),
         tpot=Distribution.of([tpot(r) for r in done]),
-        queueing=Distribution.of([queueing(r) for r in done]),
+        queueing=Distribution.of([queueing(r) for r in done if r.prefill_start is not None]),
         e2e=Distribution.of([e2e(r) for r in done]),
-        throughput_rps=len(done) / span if span > 0 else 0.0,
-        output_tokens_per_s=sum(r.output_len for r in done) / span if span > 0 else 0.0,
+        throughput_rps=len(done) / run if run > 0 else 0.0,
+        output_tokens_per_s=sum(r.output_len for r in done) / run if run > 0 else 0.0,
         paths=dict(Counter(r.path.value for r in requests)),
     )
 
 
-def _span(requests: Sequence[Request]) -> float:
+def span(requests: Sequence[Request]) -> float:
+    """Seconds from the first arrival to the last finish (0 when nothing finished)."""
     finishes = [r.finish for r in requests if r.finish is not None]
     if not finishes:
         return 0.0

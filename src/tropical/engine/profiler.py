@@ -97,10 +97,13 @@ def profile_engine(model: LlamaModel, cache: PagedKVCache, *, quick: bool) -> Pr
     return ProfileResult(fitted, errors, samples)
 
 
-def write_profile(result: ProfileResult, path: str | Path) -> None:
+def profile_document(result: ProfileResult) -> dict[str, Any]:
     """The FittedModel's dict plus a ``fit_error`` section (``FittedModel.from_dict`` reads past it)."""
-    data = {**result.model.to_dict(), FIT_ERROR_KEY: {k: asdict(e) for k, e in result.errors.items()}}
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    return {**result.model.to_dict(), FIT_ERROR_KEY: {k: asdict(e) for k, e in result.errors.items()}}
+
+
+def write_profile(result: ProfileResult, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile_document(result), indent=2) + "\n")
 
 
 def _check_room(model: LlamaModel, cache: PagedKVCache, grid: Grid) -> None:

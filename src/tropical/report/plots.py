@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from tropical.core.metrics import queueing, tpot, ttft  # noqa: E402
-from tropical.sim.reproduce import Reproduction  # noqa: E402
-from tropical.sim.run import SimResult  # noqa: E402
+from tropical.core.metrics import queueing, tpot, ttft
+from tropical.report.figures import cdf, save
+from tropical.sim.reproduce import Reproduction
+from tropical.sim.run import SimResult
 
 STYLE = {"colocated": ("tab:gray", "--"), "chunked": ("tab:brown", "--"), "disagg": ("tab:blue", "--"),
          "tropical": ("tab:orange", "-"), "tropical+": ("tab:red", "-")}
@@ -32,36 +29,31 @@ def attainment_vs_rate(rep: Reproduction, path: Path) -> Path:
     ax.set(xlabel="request rate (req/s)", ylabel="SLO attainment", ylim=(0, 1.02),
            title=f"SLO attainment vs rate ({rep.base.trace.name}, {rep.base.cluster.name} cluster)")
     ax.legend()
-    return _save(fig, path)
-
-
-def _cdf(ax: plt.Axes, values: list[float], policy: str) -> None:
-    data = np.sort(np.asarray(values))
-    ax.plot(data, np.arange(1, len(data) + 1) / len(data), **_style(policy))
+    return save(fig, path)
 
 
 def latency_cdfs(rep: Reproduction, path: Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for policy, run in rep.at_common.items():
         done = _completed(run)
-        _cdf(left, [ttft(r) for r in done], policy)
-        _cdf(right, [tpot(r) for r in done], policy)
+        cdf(left, [ttft(r) for r in done], **_style(policy))
+        cdf(right, [tpot(r) for r in done], **_style(policy))
     rate = rep.common_scale * rep.base.trace.mean_rate
     left.set(xscale="log", xlabel="TTFT (s)", ylabel="fraction of requests",
              title=f"TTFT at {rate:.2f} req/s")
     right.set(xscale="log", xlabel="TPOT (s)", title=f"TPOT at {rate:.2f} req/s")
     left.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def queueing_cdf(rep: Reproduction, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for policy, run in rep.at_common.items():
-        _cdf(ax, [max(queueing(r), 1e-4) for r in _completed(run)], policy)
+        cdf(ax, [max(queueing(r), 1e-4) for r in _completed(run)], **_style(policy))
     ax.set(xscale="log", xlabel="queueing before prefill starts (s)", ylabel="fraction of requests",
            title="Queueing delay at the common rate")
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def write_all(rep: Reproduction, out: Path) -> list[Path]:
@@ -73,10 +65,3 @@ def write_all(rep: Reproduction, out: Path) -> list[Path]:
 
 def _completed(run: SimResult) -> list:
     return [r for r in run.requests if r.error is None and r.finish is not None]
-
-
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -14,11 +14,8 @@ from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams
 from tropical.sim.cluster import LatencyFactory, replicas
 from tropical.sim.run import Experiment
-from tropical.workload.catalog import load_trace
+from tropical.workload.catalog import load_slice
 from tropical.workload.trace import Trace
-from tropical.workload.transform import poisson_arrivals, spread_ticks, take
-
-ARRIVALS = {"trace": lambda t, seed: t, "spread": spread_ticks, "poisson": poisson_arrivals}
 
 
 def load_profile(path: str | Path) -> FittedModel:
@@ -50,13 +47,6 @@ def slack_rule(name: str) -> SlackRule:
                          f"{', '.join(r.value for r in SlackRule)}") from None
 
 
-def arrivals(trace: Trace, how: str, seed: int) -> Trace:
-    """Arrival times as recorded ('trace'), de-quantized ('spread'), or Poisson ('poisson')."""
-    if how not in ARRIVALS:
-        raise ValueError(f"unknown arrivals {how!r}; choose from {', '.join(ARRIVALS)}")
-    return ARRIVALS[how](trace, seed)
-
-
 def parse_slo_classes(text: str, seed: int) -> SLOMix:
     """``0.3:ttft_ms=2000:tpot_ms=80,0.7:ttft_scale=10`` → classes with shares 0.3 and 0.7."""
     classes = []
@@ -83,11 +73,11 @@ def worker_gpus(cfg: SimConfig) -> list[str]:
 
 def trace_slice(cfg: SimConfig, name: str, limit: int | None) -> Trace:
     """The first ``limit`` requests of trace ``name`` with the configured arrivals."""
-    return arrivals(take(load_trace(name), limit), cfg.arrivals, cfg.seed)
+    return load_slice(name, limit, cfg.arrivals, cfg.seed)
 
 
 def experiment(cfg: SimConfig) -> Experiment:
-    trace = arrivals(take(load_trace(cfg.trace), cfg.limit, cfg.start_s, cfg.end_s), cfg.arrivals, cfg.seed)
+    trace = load_slice(cfg.trace, cfg.limit, cfg.arrivals, cfg.seed, cfg.start_s, cfg.end_s)
     if not len(trace):
         raise ValueError(f"trace {cfg.trace!r} has no requests in the selected slice "
                          "(check --limit, --start-s and --end-s)")

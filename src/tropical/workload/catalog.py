@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tropical.workload.loaders import PathLike, TraceError, load_csv, load_mooncake
 from tropical.workload.trace import Trace
+from tropical.workload.transform import arrivals, take
 
 # Built-in name -> gzipped file shipped in tropical/data/traces (see ATTRIBUTION.md there).
 BUILTIN_TRACES: dict[str, str] = {
@@ -33,6 +34,21 @@ def load_trace(name_or_path: str | PathLike, *, rate: float | None = None, seed:
             f" (built-in traces: {', '.join(BUILTIN_TRACES)})"
         )
     return _load_file(path, rate, seed)
+
+
+def load_slice(
+    name_or_path: str | PathLike,
+    limit: int | None = None,
+    how: str = "trace",
+    seed: int = 0,
+    start_s: float | None = None,
+    end_s: float | None = None,
+) -> Trace:
+    """The requests a run replays: a slice of the trace (see ``take``) with ``how`` arrivals.
+
+    The simulator and the HTTP benchmark both call this, so they replay the same requests.
+    """
+    return arrivals(take(load_trace(name_or_path), limit, start_s, end_s), how, seed)
 
 
 @cache

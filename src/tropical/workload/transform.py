@@ -50,6 +50,16 @@ def poisson_arrivals(trace: Trace, seed: int = 0) -> Trace:
     return replace(trace, entries=entries)
 
 
+ARRIVALS = {"trace": lambda t, seed: t, "spread": spread_ticks, "poisson": poisson_arrivals}
+
+
+def arrivals(trace: Trace, how: str, seed: int) -> Trace:
+    """Arrival times as recorded ('trace'), de-quantized ('spread'), or Poisson ('poisson')."""
+    if how not in ARRIVALS:
+        raise ValueError(f"unknown arrivals {how!r}; choose from {', '.join(ARRIVALS)}")
+    return ARRIVALS[how](trace, seed)
+
+
 def scale_lengths(trace: Trace, length_scale: float) -> Trace:
     """Input and output lengths times ``length_scale``, rounded, at least 1.
 

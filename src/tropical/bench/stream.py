@@ -1,0 +1,61 @@
+"""One streamed completion over HTTP, timed chunk by chunk; every failure ends in ``error``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import httpx
+
+from tropical.bench.record import Measurement
+
+Clock = Callable[[], float]
+
+
+async def measure(client: httpx.AsyncClient, body: dict, m: Measurement, clock: Clock,
+                  timeout: float) -> Measurement:
+    """Send ``body`` to /v1/completions and fill ``m``; never raises, never outlives ``timeout``."""
+    m.sent = clock()
+    try:
+        await asyncio.wait_for(_stream(client, body, m, clock), timeout)
+    except asyncio.TimeoutError:
+        m.error = f"timed out after {timeout:g} s"
+    except httpx.HTTPError as err:
+        m.error = f"{type(err).__name__}: {err}"
+    m.close(clock())
+    return m
+
+
+async def _stream(client: httpx.AsyncClient, body: dict, m: Measurement, clock: Clock) -> None:
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        if resp.status_code >= 400:
+            detail = (await resp.aread()).decode(errors="replace")
+            m.error = f"HTTP {resp.status_code}: {detail[:200]}"
+            return
+        async for line in resp.aiter_lines():
+            data = line.removeprefix("data:").strip() if line.startswith("data:") else None
+            if data == "[DONE]":
+                m.saw_done = True
+                return
+            if data and not _record(m, data, clock()):
+                return
+
+
+def _record(m: Measurement, data: str, now: float) -> bool:
+    """Note one SSE event in ``m``; False when it reports an error and the stream is over for us."""
+    try:
+        event = json.loads(data)
+    except json.JSONDecodeError:
+        m.error = f"malformed stream event: {data[:100]}"
+        return False
+    if "error" in event:
+        m.error = f"server error: {json.dumps(event['error'])[:200]}"
+        return False
+    choices = event.get("choices") or []
+    # A trailing choice with empty text and a finish reason is the end marker, not a token.
+    if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+        m.chunks.append(now)
+    if (event.get("usage") or {}).get("completion_tokens") is not None:
+        m.usage_tokens = event["usage"]["completion_tokens"]
+    return True

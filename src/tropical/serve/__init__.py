@@ -1,0 +1,1 @@
+"""`tropical serve`: the router, worker processes and the OpenAI-compatible API."""

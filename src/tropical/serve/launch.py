@@ -1,0 +1,91 @@
+"""Start a cluster: worker processes up and loaded, a latency profile, the router driving them.
+
+The profile prices the toggle's predictions. Without ``--profile`` the first worker measures one
+quickly (seconds) and the result is cached per model, dtype, device and thread count, so later
+starts reuse it; the returned note says which happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from tropical.calibration.store import load_profile
+from tropical.core.latency.fitted import FittedModel
+from tropical.core.slo import SLOSpec
+from tropical.engine.loader import cache_root
+from tropical.engine.runner import worker_state
+from tropical.serve.messages import Profile, Ready, WorkerLaunch
+from tropical.serve.metrics import ServerMetrics
+from tropical.serve.options import ServeOptions, policy_and_roles
+from tropical.serve.router import Router, RouterSettings
+from tropical.serve.worker_client import WorkerClient
+
+
+@dataclass
+class Cluster:
+    """A started cluster; ``stop`` ends the workers and removes their staging files."""
+
+    router: Router
+    clients: list[WorkerClient]
+    staging_dir: str
+    profile_note: str
+    model_name: str
+    max_model_len: int
+
+    async def stop(self) -> None:
+        await self.router.stop()
+        for client in self.clients:
+            client.stop()
+        shutil.rmtree(self.staging_dir, ignore_errors=True)
+
+
+async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
+    """Spawn the workers, wait until every one is ready, price them, start routing."""
+    policy, roles = policy_and_roles(options)
+    staging_dir = tempfile.mkdtemp(prefix="tropical-serve-")
+    clients = [WorkerClient(_launch_spec(options, i, staging_dir)) for i in range(len(roles))]
+    try:
+        readies = await asyncio.gather(*(c.ready(options.start_timeout) for c in clients))
+        latency, note = await _profile(options, clients[0], readies[0])
+    except BaseException:
+        for client in clients:
+            client.stop()
+        shutil.rmtree(staging_dir, ignore_errors=True)
+        raise
+    workers = [worker_state(r.worker_id, role, policy.rules(role), r.num_blocks, r.block_size, latency)
+               for r, role in zip(readies, roles, strict=True)]
+    max_len = min(r.max_model_len for r in readies)
+    settings = RouterSettings(options.max_waiting, _slo(options), max_len)
+    router = Router(policy, workers, clients, readies, readies[0].tokenizer, latency, settings, metrics)
+    router.start()
+    name = options.served_model_name or readies[0].model_name
+    return Cluster(router, clients, staging_dir, note, name, max_len)
+
+
+def _launch_spec(options: ServeOptions, worker_id: int, staging_dir: str) -> WorkerLaunch:
+    return WorkerLaunch(worker_id, options.model, options.dtype, options.device, options.threads,
+                        options.kv_tokens, options.block_size, options.max_model_len, staging_dir)
+
+
+def _slo(options: ServeOptions) -> SLOSpec:
+    return SLOSpec(options.slo_scale, options.slo_scale, options.slo_ttft_ms, options.slo_tpot_ms)
+
+
+async def _profile(options: ServeOptions, client: WorkerClient, ready: Ready) -> tuple[FittedModel, str]:
+    """The latency model from --profile, the cache, or a quick measurement now."""
+    if options.profile is not None:
+        return load_profile(options.profile), f"latency profile {options.profile}"
+    key = f"{ready.model_name}-{options.dtype}-{options.device}-t{options.threads}.json"
+    path = cache_root(None) / "profiles" / key
+    if path.is_file():
+        return load_profile(path), f"cached latency profile {path}"
+    data = await client.call(Profile(quick=True))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    errors = ", ".join(f"{k} {v['median_pct']:.0f}%" for k, v in data["fit_error"].items())
+    return FittedModel.from_dict(data), (f"no --profile given: profiled worker 0 quickly (median fit "
+                                         f"error {errors}); saved to {path}")

@@ -1,0 +1,110 @@
+"""What the router and a worker process say to each other over their pipe.
+
+Commands go one way and each gets exactly one reply, in order. KV never travels in a message:
+a worker's migration staging area is a file both processes map (see ``staging``), so only its
+name and shape cross the pipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tropical.engine.config import ModelConfig
+from tropical.engine.planner import StepSpec
+from tropical.engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLaunch:
+    """Everything a worker process needs to start: which model, how big a cache, how many threads."""
+
+    worker_id: int
+    model: str
+    dtype: str
+    device: str
+    threads: int
+    kv_tokens: int
+    block_size: int
+    max_model_len: int
+    staging_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class StagingArea:
+    """A worker's migration buffer: a shared file of [layers, 2, tokens, kv_heads, head_dim]."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A worker's first message: its model loaded and its cache allocated."""
+
+    worker_id: int
+    pid: int
+    model_name: str
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat: bool
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    staging: StagingArea
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Free the ``free`` sequences' KV, then run ``spec``; replies with a StepDone."""
+
+    spec: StepSpec
+    free: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class StepDone:
+    tokens: dict[int, int]
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """Release these sequences' KV blocks (unknown ids are ignored); replies None."""
+
+    seq_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """Copy a sequence's first ``tokens`` tokens of KV into this worker's staging area; replies
+    with the seconds it took."""
+
+    seq_id: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    """Copy ``tokens`` tokens of KV from ``source``'s staging area into new blocks for ``seq_id``;
+    replies with the seconds it took."""
+
+    seq_id: int
+    source: StagingArea
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Measure this engine (its cache must be empty) and reply with the profile's dict."""
+
+    quick: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to one command: ``value``, or ``error`` when the command failed (the worker lives on)."""
+
+    value: Any = None
+    error: str | None = None

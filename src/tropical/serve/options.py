@@ -1,0 +1,82 @@
+"""`tropical serve` settings and how they turn into a policy with its worker roles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tropical.sched.policy import Policy
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rules import Role
+from tropical.sched.tropical import ToggleParams
+
+DEFAULT_WORKERS = {"colocated": "2", "chunked": "2", "disagg": "prefill,decode",
+                   "tropical": "prefill,multiplex", "tropical+": "prefill,multiplex"}
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything `tropical serve` can be told; ``workers`` is a count or a comma list of roles."""
+
+    model: str = "smollm2"
+    policy: str = "tropical"
+    workers: str | None = None
+    threads: int = 1
+    profile: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    slo_scale: float = 5.0
+    kv_tokens: int = 16384
+    block_size: int = 16
+    max_model_len: int = 4096
+    max_batched_tokens: int = 2048
+    max_waiting: int = 256
+    dtype: str = "float32"
+    device: str = "cpu"
+    start_timeout: float = 300.0
+    drain_timeout: float = 30.0
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
+                    "max_waiting")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+
+def policy_and_roles(options: ServeOptions) -> tuple[Policy, list[Role]]:
+    """The policy object and each worker's role, checked against what ``--workers`` asked for."""
+    spec = options.workers or DEFAULT_WORKERS.get(options.policy, "2")
+    if spec.strip().isdigit():
+        count, wanted = int(spec), None
+    else:
+        wanted = [_role(name) for name in spec.split(",")]
+        count = len(wanted)
+    if count < 1:
+        raise ValueError("--workers needs at least one worker")
+    prefill = None if wanted is None else wanted.count(Role.PREFILL)
+    params = PolicyParams(max_batched_tokens=options.max_batched_tokens,
+                          toggle=ToggleParams(num_prefill=prefill or None))
+    policy = make_policy(options.policy, params)
+    try:
+        roles = policy.roles(count)
+    except ValueError as exc:
+        raise ValueError(f"--workers {spec!r} does not suit policy {options.policy}: {exc}") from None
+    if wanted is not None and sorted(roles) != sorted(wanted):
+        raise ValueError(f"policy {options.policy} runs workers as {','.join(r.value for r in roles)}; "
+                         f"--workers asked for {spec}")
+    return policy, roles
+
+
+def _role(name: str) -> Role:
+    try:
+        return Role(name.strip().lower())
+    except ValueError:
+        choices = ", ".join(r.value for r in Role)
+        raise ValueError(f"unknown worker role {name.strip()!r} in --workers; choose from {choices}"
+                         ) from None

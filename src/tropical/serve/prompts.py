@@ -1,0 +1,55 @@
+"""From a validated OpenAI request to the router's Submission: tokens, limits and sampling.
+
+Everything here needs the model (its tokenizer, template and context), which the wire format
+does not know; every refusal is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from tropical.engine.sampling import SamplingParams
+from tropical.engine.tokenizer import Tokenizer
+from tropical.serve.protocol import APIError, GenerationRequest
+from tropical.serve.streams import Submission
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's documented default for /v1/completions; chat defaults to the rest of the context."""
+
+
+def to_submission(gen: GenerationRequest, tokenizer: Tokenizer, max_model_len: int) -> Submission:
+    prompt_ids = _prompt_ids(gen, tokenizer)
+    field = "messages" if gen.chat else "prompt"
+    if len(prompt_ids) >= max_model_len:
+        raise APIError(400, f"the prompt is {len(prompt_ids)} tokens; this model's context is "
+                            f"{max_model_len} tokens, which leaves no room to generate", param=field,
+                       code="context_length_exceeded")
+    room = max_model_len - len(prompt_ids)
+    max_tokens = gen.max_tokens
+    if max_tokens is None:
+        max_tokens = room if gen.chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+    elif max_tokens > room:
+        raise APIError(400, f"max_tokens is {max_tokens}, but the prompt's {len(prompt_ids)} tokens leave "
+                            f"{room} of this model's {max_model_len}-token context", param="max_tokens",
+                       code="context_length_exceeded")
+    seed = None if gen.seed is None else gen.seed % 2**63  # OpenAI allows negative seeds
+    params = SamplingParams(gen.temperature, gen.top_p, gen.top_k or 0, seed)
+    return Submission(prompt_ids, max_tokens, params, list(gen.stop), gen.ignore_eos,
+                      gen.slo_ttft_ms, gen.slo_tpot_ms)
+
+
+def _prompt_ids(gen: GenerationRequest, tokenizer: Tokenizer) -> list[int]:
+    if gen.chat:
+        if not tokenizer.chat_template:
+            raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+        ids = tokenizer.encode(tokenizer.apply_chat_template(gen.messages or []))
+    elif isinstance(gen.prompt, str):
+        ids = tokenizer.encode(gen.prompt)
+    else:
+        ids = list(gen.prompt)
+        vocab = tokenizer.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside this model's vocabulary (0..{vocab - 1})",
+                           param="prompt")
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="messages" if gen.chat else "prompt")
+    return ids

@@ -1,0 +1,315 @@
+"""The router's cluster: the same policy object and per-worker batch formation as the simulator,
+driven by a real clock and real worker processes.
+
+Each worker has a driver task: plan a step (sched's ``form_batch`` on this router's copy of the
+worker's state), send it, book the sampled tokens as the simulator books an iteration, stream
+them, then let the policy look (iteration ends, migrations). Aborts and finished requests free
+KV in the worker's next command. A worker that dies fails its requests and leaves the policy's
+view (``alive``); the others keep serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from tropical.core.latency.model import LatencyModel
+from tropical.core.request import Request
+from tropical.core.slo import SLO, SLOSpec
+from tropical.engine.planner import Booked, StepPlanner
+from tropical.engine.planner import Sequence as EngineSequence
+from tropical.engine.tokenizer import Tokenizer
+from tropical.sched.admission import admission_error
+from tropical.sched.policy import Assignment, Policy, apply
+from tropical.sched.worker import WorkerState
+from tropical.serve.messages import Export, Free, Import, Ready, Step, StepDone
+from tropical.serve.metrics import ServerMetrics
+from tropical.serve.streams import RequestHandle, Submission
+from tropical.serve.worker_client import WorkerClient, WorkerDied, WorkerError
+
+
+class Rejected(Exception):
+    """The router will not take a request now; ``status`` is 429 (overloaded) or 503 (unavailable)
+    or 400 (it can never run here)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    """Limits and defaults: ``max_waiting`` requests may queue before 429s; ``slo`` prices
+    requests that name no SLO of their own."""
+
+    max_waiting: int = 256
+    slo: SLOSpec = SLOSpec()
+    max_context: int | None = None
+
+
+class Router:
+    """Workers' states, their planners and processes, and the policy that assigns requests."""
+
+    def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerClient],
+                 readies: Sequence[Ready], tokenizer: Tokenizer, reference: LatencyModel,
+                 settings: RouterSettings, metrics: ServerMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.workers = list(workers)
+        self.clients = list(clients)
+        self.readies = list(readies)
+        eos = frozenset(tokenizer.eos_token_ids)
+        self.planners = [StepPlanner(w, eos) for w in self.workers]
+        self.tokenizer = tokenizer
+        self.reference = reference
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.handles: dict[int, RequestHandle] = {}
+        self._ids = itertools.count()
+        self._where: dict[int, int] = {}
+        self._aborts: list[set[int]] = [set() for _ in self.workers]
+        self._frees: list[list[int]] = [[] for _ in self.workers]
+        self._wakeups = [asyncio.Event() for _ in self.workers]
+        self._staging = [asyncio.Lock() for _ in self.workers]
+        self._stalled: list[tuple[Request, int]] = []
+        self._tasks: list[asyncio.Task] = []
+        self.draining = False
+        for client in self.clients:
+            client.on_death = self._worker_died
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._drive(w.id), name=f"drive-{w.id}") for w in self.workers]
+        for worker in self.workers:
+            self._report(worker)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.handles)
+
+    def slo_of(self, submission: Submission) -> SLO:
+        default = self.settings.slo.resolve(len(submission.prompt_ids), self.reference)
+        ttft, tpot = submission.slo_ttft_ms, submission.slo_tpot_ms
+        return SLO(default.ttft if ttft is None else ttft / 1e3, default.tpot if tpot is None else tpot / 1e3)
+
+    def submit(self, submission: Submission) -> RequestHandle:
+        """Admit a request and let the policy place its prefill; raises Rejected."""
+        self._check_capacity()
+        now = self.clock()
+        req = Request(next(self._ids), now, len(submission.prompt_ids), submission.max_tokens,
+                      self.slo_of(submission))
+        error = admission_error(req, self.workers, self.settings.max_context)
+        if error is not None:
+            raise Rejected(503 if "every" in error and not all(w.alive for w in self.workers) else 400, error)
+        handle = RequestHandle.of(req, submission, self.tokenizer)
+        self.handles[req.id] = handle
+        seq = EngineSequence(req, list(submission.prompt_ids), submission.params, submission.ignore_eos)
+        self._assign(self.policy.on_arrival(req, now, self.workers), {req.id: seq})
+        return handle
+
+    def _check_capacity(self) -> None:
+        if self.draining:
+            raise Rejected(503, "the server is shutting down")
+        if not any(c.alive for c in self.clients):
+            raise Rejected(503, "no worker is running")
+        waiting = sum(len(w.waiting) for w in self.workers if w.alive)
+        if waiting >= self.settings.max_waiting:
+            self.metrics.record_rejection("queue_full")
+            raise Rejected(429, f"server overloaded: {waiting} requests waiting "
+                                f"(limit {self.settings.max_waiting}); retry later")
+
+    def _assign(self, assignments: list[Assignment], new: dict[int, EngineSequence] | None = None) -> None:
+        """Move each request (and its tokens) to its worker, then wake the workers together."""
+        woken = set()
+        for a in assignments:
+            rid = a.request.id
+            seq = (new or {}).get(rid) or self.planners[a.from_worker].sequences.pop(rid)
+            apply(a, self.workers)
+            self.planners[a.worker_id].add(seq)
+            self._where[rid] = a.worker_id
+            self.metrics.record_path(a.path.value)
+            woken.add(a.worker_id)
+        for worker_id in woken:
+            self._wake(worker_id)
+
+    def _wake(self, worker_id: int) -> None:
+        self._wakeups[worker_id].set()
+
+    def abort(self, rid: int) -> None:
+        """The client went away: stop generating and free the request's KV at the next boundary."""
+        handle = self.handles.pop(rid, None)
+        if handle is None:
+            return
+        handle.ended = True
+        self.metrics.record_request("aborted")
+        worker_id = self._where.get(rid)
+        if worker_id is not None:
+            self._aborts[worker_id].add(rid)
+            self._wake(worker_id)
+
+    async def _drive(self, worker_id: int) -> None:
+        """Run this worker's iterations back to back while it has work; sleep otherwise."""
+        wakeup, client = self._wakeups[worker_id], self.clients[worker_id]
+        while client.alive:
+            await wakeup.wait()
+            wakeup.clear()
+            while client.alive and await self._step(worker_id):
+                pass
+
+    async def _step(self, worker_id: int) -> bool:
+        """One iteration; False when the worker has nothing to run."""
+        worker, planner = self.workers[worker_id], self.planners[worker_id]
+        self._apply_aborts(worker_id)
+        start = self.clock()
+        planned = planner.plan(start)
+        frees, self._frees[worker_id] = self._frees[worker_id], []
+        if planned is None:
+            if frees:
+                await self._call(worker_id, Free(frees))
+            self._report(worker)
+            return False
+        for req, _, _ in planned.batch.prefills:
+            req.prefill_start = start if req.prefill_start is None else req.prefill_start
+        worker.busy_until = start + worker.latency.iteration_time(planned.batch.shape)
+        done: StepDone | None = await self._call(worker_id, Step(planned.spec, frees))
+        if done is None:
+            return False
+        end = self.clock()
+        worker.busy_until = end
+        self._after(worker_id, planner.book(planned, done.tokens, end), end)
+        return True
+
+    async def _call(self, worker_id: int, command: object) -> object | None:
+        """A command to a worker; None if the worker died (its requests are failed elsewhere)."""
+        try:
+            return await self.clients[worker_id].call(command)
+        except WorkerDied:
+            return None
+
+    def _apply_aborts(self, worker_id: int) -> None:
+        aborts, self._aborts[worker_id] = self._aborts[worker_id], set()
+        for rid in aborts:
+            self._drop(worker_id, rid)
+
+    def _drop(self, worker_id: int, rid: int) -> None:
+        """Forget ``rid`` on ``worker_id`` (between iterations) and free its KV there."""
+        if self.planners[worker_id].remove(rid) is not None:
+            self._frees[worker_id].append(rid)
+        self._where.pop(rid, None)
+
+    def _after(self, worker_id: int, booked: Booked, now: float) -> None:
+        """Stream the step's tokens, finish and migrate what it completed, let the policy look."""
+        for rid, token in booked.tokens.items():
+            handle = self.handles.get(rid)
+            if handle is not None and handle.emit([token]):
+                self._finish(handle, "stop")
+                self._aborts[worker_id].add(rid)
+        for finished in booked.finished:
+            self._frees[worker_id].append(finished.req.id)
+            self._where.pop(finished.req.id, None)
+            handle = self.handles.get(finished.req.id)
+            if handle is not None:
+                self._finish(handle, "stop" if finished.reason == "eos" else "length")
+        if booked.finished:
+            self._retry_stalled()
+        for req in booked.prefilled:
+            if req.id in self.handles:
+                asyncio.create_task(self._migrate(req, worker_id))
+        if self.policy.observes_iterations:
+            self._assign(self.policy.on_iteration_end(self.workers[worker_id], now, self.workers))
+        self._report(self.workers[worker_id])
+
+    def _finish(self, handle: RequestHandle, reason: str) -> None:
+        """End the stream and record the request's latencies as it really ran: a stop (string or
+        eos) ends it before ``output_len``, which the scheduler's copy must keep until dropped."""
+        req = self.handles.pop(handle.req.id).req
+        tokens = max(1, handle.completion_tokens)
+        finish = req.finish if req.finish is not None else self.clock()
+        handle.end(reason)
+        self.metrics.observe_finished(replace(req, output_len=tokens, generated=tokens, finish=finish))
+        self.metrics.record_request("finished")
+
+    async def _migrate(self, req: Request, source_id: int) -> None:
+        """Move a prefilled request's KV to the decoding worker the policy picks, then decode there."""
+        target = self.policy.decode_worker(req, self.workers, self.clock())
+        if target is None:
+            self._stalled.append((req, source_id))
+            return
+        target.expect_migration(req)
+        self._where[req.id] = target.id
+        start = self.clock()
+        try:
+            async with self._staging[source_id]:
+                await self.clients[source_id].call(Export(req.id, req.prompt_len))
+                await self.clients[target.id].call(Import(req.id, self.readies[source_id].staging,
+                                                          req.prompt_len))
+        except (WorkerDied, WorkerError) as exc:
+            self._migration_failed(req, source_id, target, exc)
+            return
+        req.migration_time = self.clock() - start
+        self.metrics.record_migration(req.migration_time, req.prompt_len)
+        seq = self.planners[source_id].remove(req.id)
+        self._frees[source_id].append(req.id)
+        self._wake(source_id)
+        if req.id not in self.handles:
+            target.release(req)
+            target.incoming.pop(req.id, None)
+            self._frees[target.id].append(req.id)
+            return
+        self.planners[target.id].add(seq)
+        target.arrive_migrated(req)
+        self._wake(target.id)
+
+    def _migration_failed(self, req: Request, source_id: int, target: WorkerState, exc: Exception) -> None:
+        target.release(req)
+        target.incoming.pop(req.id, None)
+        self._frees[target.id].append(req.id)
+        self._drop(source_id, req.id)
+        self._fail(req.id, f"KV migration failed: {exc}")
+
+    def _retry_stalled(self) -> None:
+        stalled, self._stalled = self._stalled, []
+        for req, source_id in stalled:
+            if req.id in self.handles:
+                asyncio.create_task(self._migrate(req, source_id))
+
+    def _fail(self, rid: int, reason: str) -> None:
+        handle = self.handles.pop(rid, None)
+        if handle is None:
+            return
+        handle.req.fail(self.clock(), reason)
+        handle.end(error=reason)
+        self.metrics.record_request("failed")
+
+    def _worker_died(self, worker_id: int) -> None:
+        """Fail what the dead worker held, take it out of the policy's view, keep serving."""
+        worker = self.workers[worker_id]
+        worker.alive = False
+        reason = f"worker {worker_id} (pid {self.clients[worker_id].pid}) died; the request was lost"
+        for rid in list(self.planners[worker_id].sequences):
+            self._fail(rid, reason)
+            self._where.pop(rid, None)
+        for req in list(worker.incoming.values()):
+            self._fail(req.id, reason)
+        self._wake(worker_id)
+        self.metrics.set_worker(worker_id, worker.role.value, 0, 0, 0.0, alive=False)
+
+    def _report(self, worker: WorkerState) -> None:
+        used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0
+        self.metrics.set_worker(worker.id, worker.role.value, len(worker.running), len(worker.waiting),
+                                used, alive=worker.alive)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish."""
+        self.draining = True
+        deadline = self.clock() + timeout
+        while self.handles and self.clock() < deadline:
+            await asyncio.sleep(0.05)

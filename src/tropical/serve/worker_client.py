@@ -1,0 +1,113 @@
+"""The router's handle on one worker process: start it, send it commands, notice when it dies.
+
+Replies are read by the event loop when the pipe becomes readable, so the router never blocks on
+a busy worker. One command is in flight per worker at a time (a lock), which also keeps a large
+send from stalling the loop: the worker is always waiting in ``recv`` when we write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from tropical.serve.messages import Ready, Reply, WorkerLaunch
+from tropical.serve.worker_process import worker_main
+
+
+class WorkerDied(RuntimeError):
+    """The worker process exited; every command in flight fails with this."""
+
+
+class WorkerError(RuntimeError):
+    """The worker could not carry out a command (it lives on)."""
+
+
+class WorkerClient:
+    """One worker process and its pipe."""
+
+    def __init__(self, launch: WorkerLaunch) -> None:
+        self.launch = launch
+        self.worker_id = launch.worker_id
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=worker_main, args=(child, launch),
+                                       name=f"tropical-worker-{launch.worker_id}", daemon=True)
+        self.process.start()
+        child.close()
+        self.alive = True
+        self.on_death: Callable[[int], None] = lambda _: None
+        self._pending: asyncio.Future | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    async def ready(self, timeout: float) -> Ready:
+        """Wait for the worker's Ready, then start listening for replies."""
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, self.conn.poll, timeout):
+            raise WorkerError(f"worker {self.worker_id} did not start within {timeout:.0f}s")
+        reply = self._receive()
+        if reply.error is not None:
+            raise WorkerError(reply.error)
+        loop.add_reader(self.conn.fileno(), self._on_readable)
+        return reply.value
+
+    def _receive(self) -> Reply:
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self.process.exitcode
+            raise WorkerDied(f"worker {self.worker_id} exited (code {code})") from exc
+
+    async def call(self, command: Any) -> Any:
+        """Send ``command`` and wait for its reply's value."""
+        async with self._lock:
+            if not self.alive:
+                raise WorkerDied(f"worker {self.worker_id} is not running")
+            self._pending = asyncio.get_running_loop().create_future()
+            try:
+                self.conn.send(command)
+            except (OSError, ValueError) as exc:
+                self._died(exc)
+            reply: Reply = await self._pending
+        if reply.error is not None:
+            raise WorkerError(f"worker {self.worker_id}: {reply.error}")
+        return reply.value
+
+    def _on_readable(self) -> None:
+        try:
+            reply = self._receive()
+        except WorkerDied as exc:
+            self._died(exc)
+            return
+        if self._pending is not None and not self._pending.done():
+            self._pending.set_result(reply)
+
+    def _died(self, cause: BaseException) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        asyncio.get_running_loop().remove_reader(self.conn.fileno())
+        error = cause if isinstance(cause, WorkerDied) else WorkerDied(f"worker {self.worker_id}: {cause}")
+        if self._pending is not None and not self._pending.done():
+            self._pending.set_exception(error)
+        self.on_death(self.worker_id)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the pipe (the worker exits when it sees EOF); kill it if it lingers."""
+        if self.alive:
+            self.alive = False
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().remove_reader(self.conn.fileno())
+        self.conn.close()
+        self.process.join(timeout)
+        if self.process.is_alive() and self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.process.join(timeout)

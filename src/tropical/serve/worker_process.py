@@ -1,0 +1,115 @@
+"""A worker process: one model, one paged KV cache, commands from the router one at a time.
+
+The process holds no scheduling state: the router plans every step (sched's batch formation on
+its copy of this worker's state) and this side executes it. A command that fails is answered
+with its error and the process goes on; only a broken pipe ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from tropical.engine.executor import Executor
+from tropical.engine.kv_cache import PagedKVCache
+from tropical.engine.loader import load_model
+from tropical.engine.profiler import profile_document, profile_engine
+from tropical.serve.messages import (
+    Export,
+    Free,
+    Import,
+    Profile,
+    Ready,
+    Reply,
+    StagingArea,
+    Step,
+    StepDone,
+    WorkerLaunch,
+)
+from tropical.serve.staging import create_staging, map_staging
+
+
+class WorkerRuntime:
+    """The executor plus this worker's staging area and the peers' areas it has mapped."""
+
+    def __init__(self, launch: WorkerLaunch) -> None:
+        torch.set_num_threads(launch.threads)
+        dtype = getattr(torch, launch.dtype)
+        self.loaded = load_model(launch.model, dtype=dtype, device=launch.device)
+        config = self.loaded.config
+        self.max_model_len = min(launch.max_model_len, config.max_position_embeddings)
+        blocks = -(-launch.kv_tokens // launch.block_size)
+        cache = PagedKVCache(config, blocks, launch.block_size, dtype, launch.device)
+        self.executor = Executor(self.loaded.model, cache)
+        shape = (config.num_hidden_layers, 2, self.max_model_len, config.num_key_value_heads, config.head_dim)
+        self.area = create_staging(launch.staging_dir, launch.worker_id, shape, dtype)
+        self.staging = map_staging(self.area)
+        self.peers: dict[str, torch.Tensor] = {}
+        self.launch = launch
+
+    def ready(self) -> Ready:
+        cache = self.executor.cache
+        return Ready(self.launch.worker_id, os.getpid(), self.loaded.name, self.loaded.config,
+                     self.loaded.tokenizer, self.loaded.chat, cache.num_blocks, cache.block_size,
+                     self.max_model_len, self.area)
+
+    def handle(self, command: Any) -> Any:
+        if isinstance(command, Step):
+            self.executor.free(command.free)
+            start = time.perf_counter()
+            tokens = self.executor.run(command.spec)
+            return StepDone(tokens, time.perf_counter() - start)
+        if isinstance(command, Free):
+            self.executor.free(command.seq_ids)
+            return None
+        if isinstance(command, Export):
+            return self._timed(self._export, command)
+        if isinstance(command, Import):
+            return self._timed(self._import, command)
+        if isinstance(command, Profile):
+            return self._profile(command.quick)
+        raise TypeError(f"unknown command {type(command).__name__}")
+
+    @staticmethod
+    def _timed(action: Any, command: Any) -> float:
+        start = time.perf_counter()
+        action(command)
+        return time.perf_counter() - start
+
+    def _export(self, command: Export) -> None:
+        self.staging[:, :, :command.tokens] = self.executor.cache.export(command.seq_id, command.tokens)
+
+    def _import(self, command: Import) -> None:
+        source = self._peer(command.source)
+        self.executor.cache.import_(command.seq_id, source[:, :, :command.tokens])
+
+    def _peer(self, area: StagingArea) -> torch.Tensor:
+        if area.path not in self.peers:
+            self.peers[area.path] = map_staging(area)
+        return self.peers[area.path]
+
+    def _profile(self, quick: bool) -> dict:
+        return profile_document(profile_engine(self.loaded.model, self.executor.cache, quick=quick))
+
+
+def worker_main(conn: Connection, launch: WorkerLaunch) -> None:
+    """Process entry point: load, say Ready (or why not), then serve commands until the pipe closes."""
+    try:
+        runtime = WorkerRuntime(launch)
+    except Exception as exc:  # noqa: BLE001 - any start-up failure is reported to the router
+        conn.send(Reply(error=f"worker {launch.worker_id} failed to start: {exc}"))
+        return
+    conn.send(Reply(runtime.ready()))
+    while True:
+        try:
+            command = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send(Reply(runtime.handle(command)))
+        except Exception as exc:  # noqa: BLE001 - a failed command must not kill the worker
+            conn.send(Reply(error=f"{type(exc).__name__}: {exc}"))

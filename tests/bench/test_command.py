@@ -1,0 +1,58 @@
+"""``tropical bench`` end to end against the fake server: JSON, table, files, failures."""
+
+from __future__ import annotations
+
+import json
+
+from tests.bench.fake_server import Script
+from tropical.cli import main
+
+JSON_KEYS = {"requests", "completed", "failed", "attainment", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
+             "tpot_p90_s", "itl_p50_s", "goodput_rps", "duration_s"}
+FAST = ["--trace", "conversation", "--limit", "6", "--rate-scale", "50", "--length-scale", "0.02"]
+
+
+def bench(capsys, url: str, *extra: str) -> tuple[int, str]:
+    code = main(["bench", "--url", url, *FAST, *extra])
+    return code, capsys.readouterr().out
+
+
+def test_json_and_out_dir_report_every_request(fake_server, capsys, tmp_path):
+    url = fake_server(Script(first_delay=0.01, gap=0.002))
+    code, out = bench(capsys, url, "--json", "--out", str(tmp_path))
+    summary = json.loads(out)
+    assert code == 0 and summary.keys() >= JSON_KEYS
+    assert (summary["requests"], summary["completed"], summary["failed"]) == (6, 6, 0)
+    assert summary["attainment"] == 1.0 and summary["goodput_rps"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [line["id"] for line in lines] == list(range(6))
+    assert all(line["completion_tokens"] == line["max_tokens"] and line["error"] is None for line in lines)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert (tmp_path / "latency_cdfs.png").stat().st_size > 0
+    assert (tmp_path / "attainment_over_time.png").stat().st_size > 0
+
+
+def test_prompts_are_capped_to_the_servers_context(fake_server, capsys):
+    script = Script(first_delay=0.0, gap=0.0, max_model_len=64)
+    code, out = bench(capsys, fake_server(script), "--json")
+    assert code == 0 and json.loads(out)["prompts_capped"] > 0
+    assert all(len(b["prompt"]) + b["max_tokens"] <= 64 for b in script.received)
+
+
+def test_text_prompts_and_the_table(fake_server, capsys):
+    script = Script(first_delay=0.0, gap=0.0)
+    code, out = bench(capsys, fake_server(script), "--prompt-format", "text", "--slo-ttft-ms", "1000")
+    assert code == 0 and all(isinstance(b["prompt"], str) for b in script.received)
+    assert "TTFT (s)" in out and "ITL (s)" in out and "SLO attainment 100.0%" in out
+
+
+def test_a_failing_server_is_reported_not_dropped(fake_server, capsys):
+    code, out = bench(capsys, fake_server(Script(status=500)), "--json")
+    summary = json.loads(out)
+    assert code == 0 and (summary["requests"], summary["failed"], summary["attainment"]) == (6, 6, 0.0)
+    assert list(summary["failures"].values()) == [6]
+
+
+def test_bad_flags_are_clear_errors(capsys):
+    assert main(["bench", "--url", "http://127.0.0.1:1", "--rate-scale", "0"]) == 2
+    assert "--rate-scale must be positive" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""The client against a scripted server: timing math, usage counting, and every kind of failure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.bench.fake_server import MODEL, Script
+from tropical.bench.plan import PlannedRequest
+from tropical.bench.record import Measurement
+from tropical.bench.replay import replay
+from tropical.bench.server import Endpoint
+from tropical.core.metrics import tpot, ttft
+from tropical.core.slo import SLO
+
+TOL = 0.03  # seconds of scheduling and network jitter on a loaded 2-core machine
+SLO_ = SLO(ttft=1.0, tpot=0.1)
+
+
+def run(url: str, planned: list[PlannedRequest], timeout: float = 5.0) -> list[Measurement]:
+    return asyncio.run(replay(planned, Endpoint(url), MODEL, "ids", 0, timeout))
+
+
+def one(output: int = 5, send_at: float = 0.0, rid: int = 0) -> PlannedRequest:
+    return PlannedRequest(rid, send_at, prompt_len=8, output_len=output)
+
+
+def test_ttft_tpot_and_itl_match_the_scripted_token_times(fake_server):
+    url = fake_server(Script(first_delay=0.2, gap=0.05))
+    [m] = run(url, [one(output=5)])
+    req = m.to_request(SLO_)
+    assert m.error is None and m.tokens == 5 and len(m.chunks) == 5
+    assert ttft(req) == pytest.approx(0.2, abs=TOL)
+    assert tpot(req) == pytest.approx(0.05, abs=0.01)
+    assert m.itls() == pytest.approx([0.05] * 4, abs=TOL)
+
+
+def test_metrics_are_the_simulators_formulas_on_the_measured_times(fake_server):
+    [m] = run(fake_server(Script(first_delay=0.01, gap=0.01)), [one(output=4)])
+    req = m.to_request(SLO_)
+    assert (req.arrival, req.first_token, req.finish) == (m.sent, m.chunks[0], m.chunks[-1])
+    assert ttft(req) == m.chunks[0] - m.sent
+    assert tpot(req) == (m.chunks[-1] - m.chunks[0]) / 3
+
+
+def test_requests_are_sent_at_their_scaled_arrival_times(fake_server):
+    url = fake_server(Script(first_delay=0.01, gap=0.0))
+    ms = run(url, [one(output=1, send_at=t, rid=i) for i, t in enumerate((0.0, 0.2, 0.4))])
+    assert [m.sent for m in ms] == pytest.approx([0.0, 0.2, 0.4], abs=TOL)
+
+
+def test_the_request_asks_for_exactly_the_trace_output(fake_server):
+    script = Script(first_delay=0.0, gap=0.0)
+    run(fake_server(script), [one(output=3)])
+    [body] = script.received
+    assert body["max_tokens"] == 3 and body["ignore_eos"] and body["stream"]
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["model"] == MODEL and len(body["prompt"]) == 8
+
+
+def test_without_usage_the_chunks_are_counted(fake_server):
+    [m] = run(fake_server(Script(first_delay=0.0, gap=0.0, send_usage=False)), [one(output=3)])
+    assert m.usage_tokens is None and m.tokens == 3 and m.error is None
+
+
+def test_http_errors_are_counted_with_their_status(fake_server):
+    ms = run(fake_server(Script(status=500)), [one(rid=0), one(rid=1)])
+    assert all(m.error.startswith("HTTP 500") for m in ms)
+    assert not any(m.to_request(SLO_).finish is None for m in ms)
+
+
+def test_a_hanging_stream_times_out_and_the_run_ends(fake_server):
+    url = fake_server(Script(first_delay=0.0, gap=0.0, hang_after=2))
+    started = time.monotonic()
+    [m] = run(url, [one(output=5)], timeout=0.3)
+    assert time.monotonic() - started < 3
+    assert m.error == "timed out after 0.3 s" and len(m.chunks) == 2
+
+
+def test_a_stream_that_ends_without_done_is_a_failure(fake_server):
+    [m] = run(fake_server(Script(first_delay=0.0, gap=0.0, send_done=False)), [one()])
+    assert m.error == "stream ended without [DONE]"
+
+
+def test_an_unreachable_server_fails_every_request_quickly(fake_server):
+    url = fake_server(Script())
+    dead = url.rsplit(":", 1)[0] + ":1"
+    ms = run(dead, [one(rid=0), one(rid=1)])
+    assert all(m.error and "Connect" in m.error for m in ms)

@@ -155,6 +155,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tropical.serve.options import ServeOptions
+    from tropical.serve.server import serve
+
+    names = [f.name for f in fields(ServeOptions)]
+    serve(ServeOptions(**{name: getattr(args, name) for name in names}))
+    return 0
+
+
+def _add_serve_options(parser: argparse.ArgumentParser) -> None:
+    from tropical.sched.registry import policy_names
+    from tropical.serve.options import ServeOptions
+
+    d = ServeOptions()
+    parser.add_argument("--policy", default=d.policy, choices=policy_names())
+    parser.add_argument("--workers", default=None,
+                        help="a count, or roles such as prefill,multiplex (default: 1 prefill + 1 "
+                             "multiplexing for tropical, 2 colocated for colocated/chunked)")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker")
+    parser.add_argument("--profile", help="latency profile JSON (default: measure quickly at start-up)")
+    parser.add_argument("--host", default=d.host)
+    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    parser.add_argument("--slo-ttft-ms", type=float, help="default TTFT SLO (else --slo-scale x light load)")
+    parser.add_argument("--slo-tpot-ms", type=float, help="default TPOT SLO (else --slo-scale x light load)")
+    parser.add_argument("--slo-scale", type=float, default=d.slo_scale)
+    parser.add_argument("--kv-tokens", type=int, default=d.kv_tokens, help="KV cache tokens per worker")
+    parser.add_argument("--block-size", type=int, default=d.block_size)
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len, help="context cap")
+    parser.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
+    parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
+                        help="queued requests before answering 429")
+    parser.add_argument("--start-timeout", type=float, default=d.start_timeout)
+    parser.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
+    parser.add_argument("--served-model-name", help="the model id clients use (default: the model's name)")
+
+
 def _add_model_options(parser: argparse.ArgumentParser, default: str = "smollm2") -> None:
     parser.add_argument("--model", default=default,
                         help="smollm2, tiny-random, a Hugging Face directory or a .gguf file")
@@ -194,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="send the prompt without the chat template")
     gen.set_defaults(func=cmd_generate)
+    srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API with a policy")
+    _add_model_options(srv)
+    _add_serve_options(srv)
+    srv.set_defaults(func=cmd_serve)
     prof = sub.add_parser("profile", help="measure this engine into a latency profile for sim and the toggle")
     _add_model_options(prof, default="tiny-random")
     prof.add_argument("--out", help="profile JSON (default out/profile-<model>.json)")

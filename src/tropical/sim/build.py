@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from tropical.calibration.store import load_roofline
+from tropical.calibration.store import load_profile, load_roofline
 from tropical.config import SimConfig
-from tropical.core.latency.fitted import FittedModel
 from tropical.core.slo import SLOMix, SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
@@ -16,20 +12,6 @@ from tropical.sim.cluster import LatencyFactory, replicas
 from tropical.sim.run import Experiment
 from tropical.workload.catalog import load_slice
 from tropical.workload.trace import Trace
-
-
-def load_profile(path: str | Path) -> FittedModel:
-    """A fitted latency profile written by ``tropical profile``."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise ValueError(f"cannot read latency profile {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"latency profile {path}: not valid JSON ({err})") from None
-    try:
-        return FittedModel.from_dict(data)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
 
 
 def latency_factory(cfg: SimConfig) -> LatencyFactory:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from tropical.core.request import Request
 from tropical.sched.worker import WorkerState
 
+NO_LIVE_WORKER = "no live worker can serve it"
+
 
 def admission_error(req: Request, workers: Sequence[WorkerState],
                     max_context: int | None = None) -> str | None:
@@ -15,6 +17,10 @@ def admission_error(req: Request, workers: Sequence[WorkerState],
         return (f"prompt of {req.prompt_len} plus {req.output_len} output tokens exceeds the "
                 f"context window of {max_context}")
     live = [w for w in workers if w.alive]
+    if not any(w.role.takes_arrivals for w in live):
+        return f"{NO_LIVE_WORKER}: none left takes new requests"
+    if not any(w.role.decodes for w in live):
+        return f"{NO_LIVE_WORKER}: none left decodes"
     if not any(w.role.takes_arrivals and w.kv.capacity_tokens >= w.kv_tokens_needed(req)
                for w in live):
         return f"prompt of {req.prompt_len} tokens exceeds every worker's KV cache"

@@ -22,7 +22,7 @@ from tropical.core.slo import SLO, SLOSpec
 from tropical.engine.planner import Booked, StepPlanner
 from tropical.engine.planner import Sequence as EngineSequence
 from tropical.engine.tokenizer import Tokenizer
-from tropical.sched.admission import admission_error
+from tropical.sched.admission import NO_LIVE_WORKER, admission_error
 from tropical.sched.policy import Assignment, Policy, apply
 from tropical.sched.worker import WorkerState
 from tropical.serve.messages import Export, Free, Import, Ready, Step, StepDone
@@ -108,7 +108,7 @@ class Router:
                       self.slo_of(submission))
         error = admission_error(req, self.workers, self.settings.max_context)
         if error is not None:
-            raise Rejected(503 if "every" in error and not all(w.alive for w in self.workers) else 400, error)
+            raise Rejected(503 if error.startswith(NO_LIVE_WORKER) else 400, error)
         handle = RequestHandle.of(req, submission, self.tokenizer)
         self.handles[req.id] = handle
         seq = EngineSequence(req, list(submission.prompt_ids), submission.params, submission.ignore_eos)
@@ -260,19 +260,23 @@ class Router:
         self._frees[source_id].append(req.id)
         self._wake(source_id)
         if req.id not in self.handles:
-            target.release(req)
-            target.incoming.pop(req.id, None)
-            self._frees[target.id].append(req.id)
+            self._unexpect(target, req)
             return
         self.planners[target.id].add(seq)
         target.arrive_migrated(req)
         self._wake(target.id)
 
-    def _migration_failed(self, req: Request, source_id: int, target: WorkerState, exc: Exception) -> None:
+    def _unexpect(self, target: WorkerState, req: Request) -> None:
+        """Cancel a migration into ``target``: its reservation, and any KV already imported."""
         target.release(req)
         target.incoming.pop(req.id, None)
         self._frees[target.id].append(req.id)
+        self._wake(target.id)
+
+    def _migration_failed(self, req: Request, source_id: int, target: WorkerState, exc: Exception) -> None:
+        self._unexpect(target, req)
         self._drop(source_id, req.id)
+        self._wake(source_id)
         self._fail(req.id, f"KV migration failed: {exc}")
 
     def _retry_stalled(self) -> None:
@@ -290,17 +294,33 @@ class Router:
         self.metrics.record_request("failed")
 
     def _worker_died(self, worker_id: int) -> None:
-        """Fail what the dead worker held, take it out of the policy's view, keep serving."""
+        """Take the dead worker out of the policy's view and keep serving: requests that have
+        streamed nothing yet start over elsewhere, the rest end with a clear error."""
         worker = self.workers[worker_id]
         worker.alive = False
-        reason = f"worker {worker_id} (pid {self.clients[worker_id].pid}) died; the request was lost"
-        for rid in list(self.planners[worker_id].sequences):
-            self._fail(rid, reason)
+        lost = [*self.planners[worker_id].sequences, *worker.incoming]
+        for rid in lost:
             self._where.pop(rid, None)
-        for req in list(worker.incoming.values()):
-            self._fail(req.id, reason)
-        self._wake(worker_id)
+            handle = self.handles.get(rid)
+            if handle is not None and handle.completion_tokens == 0:
+                self._rerun(handle)
+            else:
+                self._fail(rid, f"worker {worker_id} (pid {self.clients[worker_id].pid}) died "
+                                f"after this request had started streaming")
         self.metrics.set_worker(worker_id, worker.role.value, 0, 0, 0.0, alive=False)
+
+    def _rerun(self, handle: RequestHandle) -> None:
+        """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
+        old, sub = handle.req, handle.submission
+        req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo)
+        error = admission_error(req, self.workers, self.settings.max_context)
+        if error is not None:
+            self._fail(req.id, f"its worker died and no live worker can run it: {error}")
+            return
+        handle.req = req
+        self.metrics.record_request("rerun")
+        seq = EngineSequence(req, list(sub.prompt_ids), sub.params, sub.ignore_eos)
+        self._assign(self.policy.on_arrival(req, self.clock(), self.workers), {req.id: seq})
 
     def _report(self, worker: WorkerState) -> None:
         used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0

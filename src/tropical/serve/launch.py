@@ -60,7 +60,7 @@ async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
                for r, role in zip(readies, roles, strict=True)]
     max_len = min(r.max_model_len for r in readies)
     settings = RouterSettings(options.max_waiting, _slo(options), max_len)
-    router = Router(policy, workers, clients, readies, readies[0].tokenizer, latency, settings, metrics)
+    router = Router(policy, workers, clients, readies[0].tokenizer, latency, settings, metrics)
     router.start()
     name = options.served_model_name or readies[0].model_name
     return Cluster(router, clients, staging_dir, note, name, max_len)

@@ -52,7 +52,7 @@ class Ready:
     num_blocks: int
     block_size: int
     max_model_len: int
-    staging: StagingArea
+    staging: StagingArea | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,10 @@ from tropical.engine.tokenizer import Tokenizer
 from tropical.sched.admission import NO_LIVE_WORKER, admission_error
 from tropical.sched.policy import Assignment, Policy, apply
 from tropical.sched.worker import WorkerState
-from tropical.serve.messages import Export, Free, Import, Ready, Step, StepDone
+from tropical.serve.messages import Free, Step, StepDone
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.streams import RequestHandle, Submission
-from tropical.serve.worker_client import WorkerClient, WorkerDied, WorkerError
+from tropical.serve.worker_handle import WorkerDied, WorkerError, WorkerHandle
 
 
 class Rejected(Exception):
@@ -53,14 +53,13 @@ class RouterSettings:
 class Router:
     """Workers' states, their planners and processes, and the policy that assigns requests."""
 
-    def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerClient],
-                 readies: Sequence[Ready], tokenizer: Tokenizer, reference: LatencyModel,
+    def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerHandle],
+                 tokenizer: Tokenizer, reference: LatencyModel,
                  settings: RouterSettings, metrics: ServerMetrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.workers = list(workers)
         self.clients = list(clients)
-        self.readies = list(readies)
         eos = frozenset(tokenizer.eos_token_ids)
         self.planners = [StepPlanner(w, eos) for w in self.workers]
         self.tokenizer = tokenizer
@@ -74,7 +73,6 @@ class Router:
         self._aborts: list[set[int]] = [set() for _ in self.workers]
         self._frees: list[list[int]] = [[] for _ in self.workers]
         self._wakeups = [asyncio.Event() for _ in self.workers]
-        self._staging = [asyncio.Lock() for _ in self.workers]
         self._stalled: list[tuple[Request, int]] = []
         self._tasks: list[asyncio.Task] = []
         self.draining = False
@@ -247,10 +245,8 @@ class Router:
         self._where[req.id] = target.id
         start = self.clock()
         try:
-            async with self._staging[source_id]:
-                await self.clients[source_id].call(Export(req.id, req.prompt_len))
-                await self.clients[target.id].call(Import(req.id, self.readies[source_id].staging,
-                                                          req.prompt_len))
+            async with self.clients[source_id].exported(req.id, req.prompt_len) as blob:
+                await self.clients[target.id].import_kv(req.id, blob, req.prompt_len)
         except (WorkerDied, WorkerError) as exc:
             self._migration_failed(req, source_id, target, exc)
             return
@@ -307,7 +303,8 @@ class Router:
             else:
                 self._fail(rid, f"worker {worker_id} (pid {self.clients[worker_id].pid}) died "
                                 f"after this request had started streaming")
-        self.metrics.set_worker(worker_id, worker.role.value, 0, 0, 0.0, alive=False)
+        self.metrics.set_worker(worker_id, worker.role.value, 0, 0, 0.0, alive=False,
+                                node=self.clients[worker_id].node)
 
     def _rerun(self, handle: RequestHandle) -> None:
         """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
@@ -325,7 +322,7 @@ class Router:
     def _report(self, worker: WorkerState) -> None:
         used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0
         self.metrics.set_worker(worker.id, worker.role.value, len(worker.running), len(worker.waiting),
-                                used, alive=worker.alive)
+                                used, alive=worker.alive, node=self.clients[worker.id].node)
 
     async def drain(self, timeout: float) -> None:
         """Stop taking requests and wait (up to ``timeout``) for those in flight to finish."""

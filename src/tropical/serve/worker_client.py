@@ -12,23 +12,18 @@ import contextlib
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from tropical.serve.messages import Ready, Reply, WorkerLaunch
+from tropical.serve.messages import Export, Import, Ready, Reply, StagingArea, WorkerLaunch
+from tropical.serve.worker_handle import WorkerDied, WorkerError
 from tropical.serve.worker_process import worker_main
 
 
-class WorkerDied(RuntimeError):
-    """The worker process exited; every command in flight fails with this."""
-
-
-class WorkerError(RuntimeError):
-    """The worker could not carry out a command (it lives on)."""
-
-
 class WorkerClient:
-    """One worker process and its pipe."""
+    """One worker process and its pipe: the local backend's WorkerHandle."""
+
+    node = "local"
 
     def __init__(self, launch: WorkerLaunch) -> None:
         self.launch = launch
@@ -43,6 +38,8 @@ class WorkerClient:
         self.on_death: Callable[[int], None] = lambda _: None
         self._pending: asyncio.Future | None = None
         self._lock = asyncio.Lock()
+        self._staging_lock = asyncio.Lock()
+        self._staging: StagingArea | None = None
 
     @property
     def pid(self) -> int | None:
@@ -57,7 +54,18 @@ class WorkerClient:
         if reply.error is not None:
             raise WorkerError(reply.error)
         loop.add_reader(self.conn.fileno(), self._on_readable)
+        self._staging = reply.value.staging
         return reply.value
+
+    @contextlib.asynccontextmanager
+    async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[StagingArea]:
+        """The KV lands in this worker's staging file, which stays ours until the importer is done."""
+        async with self._staging_lock:
+            await self.call(Export(seq_id, tokens))
+            yield self._staging
+
+    async def import_kv(self, seq_id: int, blob: StagingArea, tokens: int) -> None:
+        await self.call(Import(seq_id, blob, tokens))
 
     def _receive(self) -> Reply:
         try:

@@ -1,0 +1,58 @@
+"""What the router needs of a worker, whatever runs it: a local process or a Ray actor.
+
+The policy sees WorkerStates only; the router talks to workers through this interface, so the
+backends differ in transport (a pipe and mapped files, or actor calls and the object store) and
+in nothing the scheduler can observe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from tropical.serve.messages import Ready
+
+
+class WorkerDied(RuntimeError):
+    """The worker is gone; every command in flight fails with this."""
+
+
+class WorkerError(RuntimeError):
+    """The worker could not carry out a command (it lives on)."""
+
+
+class WorkerHandle(Protocol):
+    worker_id: int
+    alive: bool
+    on_death: Callable[[int], None]
+    """Called once, on the event loop, when the worker is found dead."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def node(self) -> str:
+        """Where the worker runs ("local", or a Ray node address)."""
+        ...
+
+    async def ready(self, timeout: float) -> Ready:
+        """Wait until the worker has loaded its model; raises WorkerError if it cannot start."""
+        ...
+
+    async def call(self, command: Any) -> Any:
+        """Run one command (messages.Step, Free, Profile) and return its reply's value."""
+        ...
+
+    def exported(self, seq_id: int, tokens: int) -> AbstractAsyncContextManager[Any]:
+        """Export a sequence's first ``tokens`` tokens of KV; the value is what ``import_kv`` of
+        another worker takes, valid until the context exits."""
+        ...
+
+    async def import_kv(self, seq_id: int, blob: Any, tokens: int) -> None:
+        """Write an exported KV blob into new blocks for ``seq_id``."""
+        ...
+
+    def stop(self) -> None:
+        """End the worker and release what it holds."""
+        ...

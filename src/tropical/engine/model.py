@@ -6,16 +6,17 @@ new tokens concatenated; only attention looks at span boundaries, reading keys t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tropical.engine.attention import AttentionPlan, attend
 from tropical.engine.batch import FlatBatch
-from tropical.engine.config import ModelConfig, RopeScaling
+from tropical.engine.config import ModelConfig
 from tropical.engine.kv_cache import PagedKVCache
+from tropical.engine.rope import Rotary, rotate
 
 
 class RMSNorm(nn.Module):
@@ -32,93 +33,34 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies per rotary pair, with linear or llama3 scaling applied."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    if scaling.rope_type == "linear":
-        return inv_freq / scaling.factor
-    return _llama3_inv_freq(inv_freq, scaling)
+def fuse_projections(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
+    """Let `module.<fused>` hold several bias-free projections of one input, stacked in `parts` order
+    (name -> output rows), while its state dicts keep Hugging Face's separate names: one matmul instead
+    of several, and checkpoints load and save as if the projections were apart."""
 
+    def join(_: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *__: object) -> None:
+        keys = [f"{prefix}{name}.weight" for name in parts]
+        if all(key in state_dict for key in keys):
+            state_dict[f"{prefix}{fused}.weight"] = torch.cat([state_dict.pop(key) for key in keys])
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
-    """Llama 3.1: keep high frequencies, divide low ones by `factor`, blend smoothly in between."""
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, smoothed, scaled)
+    def split(_: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, __: object) -> None:
+        weight = state_dict.pop(f"{prefix}{fused}.weight")
+        for name, part in zip(parts, weight.split(list(parts.values())), strict=True):
+            state_dict[f"{prefix}{name}.weight"] = part
 
-
-class Rotary(nn.Module):
-    """cos/sin tables for every position up to max_position_embeddings, looked up by absolute position."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, rope_inv_freq(config))
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x [tokens, heads, head_dim] by each token's position."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    module.register_load_state_dict_pre_hook(join)
+    module.register_state_dict_post_hook(split)
 
 
 @dataclass(slots=True)
-class AttentionPlan:
-    """Which cache slots each query attends to; built once per forward and shared by every layer."""
+class StepContext:
+    """What every layer of one forward pass shares, built once: rotary angles, attention plan, cache."""
 
-    decode_tokens: torch.Tensor
-    decode_slots: torch.Tensor
-    decode_mask: torch.Tensor
-    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]
-
-    @classmethod
-    def build(cls, batch: FlatBatch, block_size: int) -> AttentionPlan:
-        """Decode spans go into one padded group; longer spans each get a causal mask offset by `cached`."""
-        device = batch.input_ids.device
-        decodes = [i for i, n in enumerate(batch.lengths) if n == 1]
-        contexts = [_context_slots(batch.block_tables[i], batch.cached[i] + 1, block_size) for i in decodes]
-        width = max((len(c) for c in contexts), default=0)
-        slots = [c + [0] * (width - len(c)) for c in contexts]
-        mask = [[True] * len(c) + [False] * (width - len(c)) for c in contexts]
-        prefills = [cls._prefill(batch, i, block_size) for i, n in enumerate(batch.lengths) if n > 1]
-        return cls(
-            decode_tokens=torch.tensor([batch.starts[i] for i in decodes], dtype=torch.long, device=device),
-            decode_slots=torch.tensor(slots, dtype=torch.long, device=device).reshape(len(decodes), width),
-            decode_mask=torch.tensor(mask, dtype=torch.bool, device=device).reshape(
-                len(decodes), 1, 1, width
-            ),
-            prefills=prefills,
-        )
-
-    @staticmethod
-    def _prefill(batch: FlatBatch, i: int, block_size: int) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-        """(start, length, context slots, mask): query q sees keys up to cached + q."""
-        device = batch.input_ids.device
-        length, cached = batch.lengths[i], batch.cached[i]
-        slots = _context_slots(batch.block_tables[i], cached + length, block_size)
-        queries = torch.arange(length, device=device).unsqueeze(1) + cached
-        mask = torch.arange(cached + length, device=device).unsqueeze(0) <= queries
-        return batch.starts[i], length, torch.tensor(slots, dtype=torch.long, device=device), mask
-
-
-def _context_slots(table: list[int], tokens: int, block_size: int) -> list[int]:
-    return [table[p // block_size] * block_size + p % block_size for p in range(tokens)]
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+    plan: AttentionPlan
+    cache: PagedKVCache
 
 
 class Attention(nn.Module):
@@ -132,64 +74,36 @@ class Attention(nn.Module):
             config.num_key_value_heads,
             config.head_dim,
         )
-        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, q + 2 * kv, bias=False)
+        self.o_proj = nn.Linear(q, config.hidden_size, bias=False)
+        fuse_projections(self, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
 
-    def forward(
-        self, x: torch.Tensor, batch: FlatBatch, plan: AttentionPlan, cache: PagedKVCache, rotary: Rotary
-    ) -> torch.Tensor:
-        q = rotary(self.q_proj(x).view(-1, self.heads, self.head_dim), batch.positions)
-        k = rotary(self.k_proj(x).view(-1, self.kv_heads, self.head_dim), batch.positions)
-        v = self.v_proj(x).view(-1, self.kv_heads, self.head_dim)
-        k_cache, v_cache = cache.flat(self.layer)
-        k_cache[batch.slot_mapping] = k.to(k_cache.dtype)
-        v_cache[batch.slot_mapping] = v.to(v_cache.dtype)
-        out = torch.empty_like(q)
-        if len(plan.decode_tokens):
-            out[plan.decode_tokens] = self._decode(q[plan.decode_tokens], plan, k_cache, v_cache)
-        for start, length, slots, mask in plan.prefills:
-            out[start : start + length] = _attend(
-                q[start : start + length], k_cache[slots], v_cache[slots], mask
-            )
-        return self.o_proj(out.flatten(1))
-
-    def _decode(
-        self, q: torch.Tensor, plan: AttentionPlan, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
-        """All single-token spans at once: keys padded to the longest context and masked."""
-        k = k_cache[plan.decode_slots].transpose(1, 2).to(q.dtype)
-        v = v_cache[plan.decode_slots].transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=plan.decode_mask, enable_gqa=True
-        )
-        return out.squeeze(2)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One span: q [n, H, D] against k, v [ctx, KVH, D] under a [n, ctx] mask."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1),
-        k.transpose(0, 1).to(q.dtype),
-        v.transpose(0, 1).to(q.dtype),
-        attn_mask=mask,
-        enable_gqa=True,
-    )
-    return out.transpose(0, 1)
+    def forward(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
+        qkv = self.qkv_proj(x).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
+        # q and k sit side by side in the fused output, so one rotation covers both.
+        rotated = self.heads + self.kv_heads
+        qk = rotate(qkv[:, :rotated], step.cos, step.sin)
+        q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, rotated:]
+        k_blocks, v_blocks = step.cache.k[self.layer], step.cache.v[self.layer]
+        k_blocks.flatten(0, 1).index_copy_(0, step.slots, k.to(k_blocks.dtype))
+        v_blocks.flatten(0, 1).index_copy_(0, step.slots, v.to(v_blocks.dtype))
+        return self.o_proj(attend(q, k, v, step.plan, k_blocks, v_blocks).flatten(1))
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward."""
+    """SwiGLU feed-forward, gate and up projections in one matmul."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        inter = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=False)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=False)
+        fuse_projections(self, "gate_up_proj", {"gate_proj": inter, "up_proj": inter})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -202,10 +116,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, batch: FlatBatch, plan: AttentionPlan, cache: PagedKVCache, rotary: Rotary
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, plan, cache, rotary)
+    def forward(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), step)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -236,12 +148,18 @@ class LlamaModel(nn.Module):
     def forward(self, batch: FlatBatch, cache: PagedKVCache) -> torch.Tensor:
         """[num_spans, vocab] logits; writes every new token's K/V into `cache` on the way."""
         self._check_positions(batch)
-        plan = AttentionPlan.build(batch, cache.block_size)
         x = self.model.embed_tokens(batch.input_ids)
+        step = self._step_context(batch, cache, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, batch, plan, cache, self.model.rotary)
+            x = layer(x, step)
         last = torch.tensor(batch.last_token_index, dtype=torch.long, device=x.device)
         return self.lm_head(self.model.norm(x[last]))
+
+    def _step_context(self, batch: FlatBatch, cache: PagedKVCache, dtype: torch.dtype) -> StepContext:
+        heads_per_kv = self.config.num_attention_heads // self.config.num_key_value_heads
+        cos, sin = self.model.rotary(batch.positions)
+        plan = AttentionPlan.build(batch, cache.block_size, dtype, heads_per_kv)
+        return StepContext(cos, sin, batch.slot_mapping, plan, cache)
 
     def _check_positions(self, batch: FlatBatch) -> None:
         longest = max(span.total for span in batch.spans)

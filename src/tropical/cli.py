@@ -121,21 +121,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from tropical.engine.kv_cache import PagedKVCache
-    from tropical.engine.loader import load_model
-    from tropical.engine.profiler import FULL, QUICK, profile_engine, write_profile
+    from tropical.engine.profiler import GRIDS, profile_model, write_profile
 
-    loaded = load_model(args.model, dtype=_torch_dtype(args.dtype), device=args.device)
-    grid = FULL if args.full else QUICK
-    dtype = next(loaded.model.parameters()).dtype
-    cache = PagedKVCache(loaded.config, grid.blocks_needed(16), 16, dtype, args.device)
-    result = profile_engine(loaded.model, cache, quick=not args.full)
-    out = Path(args.out or f"out/profile-{loaded.name}.json")
+    result = profile_model(args.model, GRIDS[args.grid], _torch_dtype(args.dtype), args.device)
+    out = Path(args.out or f"out/profile-{Path(args.model).stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_profile(result, out)
     rows = [[kind, f"{e.median_pct:.1f}", f"{e.max_pct:.1f}"] for kind, e in result.errors.items()]
     print(render(["iterations", "median error %", "max error %"], rows))
-    print(f"latency profile of {loaded.name}: {out} (use it with: tropical sim --profile {out})")
+    print(f"latency profile of {args.model}: {out} (use it with: tropical sim --profile {out})")
     return 0
 
 
@@ -147,6 +141,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from tropical.fidelity.command import fidelity_main
+
+    return fidelity_main(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -192,6 +192,12 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", help="the model id clients use (default: the model's name)")
 
 
+def _add_fidelity_options(parser: argparse.ArgumentParser) -> None:
+    from tropical.fidelity.command import add_fidelity_options
+
+    add_fidelity_options(parser)
+
+
 def _add_model_options(parser: argparse.ArgumentParser, default: str = "smollm2") -> None:
     parser.add_argument("--model", default=default,
                         help="smollm2, tiny-random, a Hugging Face directory or a .gguf file")
@@ -231,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="send the prompt without the chat template")
     gen.set_defaults(func=cmd_generate)
+    fid = sub.add_parser("fidelity", help="the same trace slice through the real server and the simulator")
+    _add_fidelity_options(fid)
+    fid.set_defaults(func=cmd_fidelity)
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API with a policy")
     _add_model_options(srv)
     _add_serve_options(srv)
@@ -238,7 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure this engine into a latency profile for sim and the toggle")
     _add_model_options(prof, default="tiny-random")
     prof.add_argument("--out", help="profile JSON (default out/profile-<model>.json)")
-    prof.add_argument("--full", action="store_true", help="the full grid (needs a 4k context)")
+    prof.add_argument("--grid", default="quick", choices=["quick", "medium", "full"],
+                      help="points to measure: quick (seconds), medium (prompts to 768 tokens, a minute or "
+                           "two), full (to 4k tokens; tens of GB of KV for larger models)")
     prof.set_defaults(func=cmd_profile)
     cal = sub.add_parser("calibrate", help="fit the roofline model to Vidur's measured profiles")
     cal.add_argument("--vidur", default="../shared/data/profiles/vidur")

@@ -32,7 +32,7 @@ CONFIG = ModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
 def result() -> ProfileResult:
     torch.manual_seed(0)
     model = LlamaModel(CONFIG).eval()
-    return profile_engine(model, PagedKVCache(CONFIG, num_blocks=128, block_size=16), quick=True)
+    return profile_engine(model, PagedKVCache(CONFIG, num_blocks=128, block_size=16), )
 
 
 def test_coefficients_non_negative(result: ProfileResult) -> None:
@@ -60,7 +60,7 @@ def test_written_profile_loads(result: ProfileResult, tmp_path: Path) -> None:
 def test_cache_too_small_is_refused() -> None:
     model = LlamaModel(CONFIG).eval()
     with pytest.raises(ValueError, match="KV cache of at least"):
-        profile_engine(model, PagedKVCache(CONFIG, num_blocks=4, block_size=16), quick=True)
+        profile_engine(model, PagedKVCache(CONFIG, num_blocks=4, block_size=16), )
 
 
 def test_nnls_recovers_and_clamps() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.shape import BatchShape
@@ -59,6 +60,10 @@ QUICK = Grid((8, 32, 96), (0, 64), (1, 4, 16), (16, 64), ((32, 0, 4, 32), (16, 6
 FULL = Grid((16, 64, 256, 1024, 2048), (0, 512, 2048), (1, 8, 32, 128), (128, 512, 2048),
             ((256, 0, 16, 512), (512, 1024, 32, 1024), (64, 0, 64, 256), (1024, 0, 8, 2048)),
             transfer_tokens=2048, warmup=3, repeats=5)
+MEDIUM = Grid((16, 64, 256, 768), (0, 256), (1, 4, 16, 32), (64, 256, 768),
+              ((128, 0, 4, 256), (256, 256, 16, 512), (64, 0, 16, 128), (512, 0, 8, 768)),
+              transfer_tokens=768, warmup=2, repeats=3)
+GRIDS = {"quick": QUICK, "medium": MEDIUM, "full": FULL}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +90,8 @@ class ProfileResult:
     samples: list[Sample]
 
 
-def profile_engine(model: LlamaModel, cache: PagedKVCache, *, quick: bool) -> ProfileResult:
+def profile_engine(model: LlamaModel, cache: PagedKVCache, grid: Grid = QUICK) -> ProfileResult:
     """Measure ``model`` on ``cache`` (left empty afterwards) and fit a FittedModel."""
-    grid = QUICK if quick else FULL
     _check_room(model, cache, grid)
     samples = [Sample(kind, _shape(spans), _time(model, cache, spans, grid))
                for kind, spans in _points(grid)]
@@ -100,6 +104,16 @@ def profile_engine(model: LlamaModel, cache: PagedKVCache, *, quick: bool) -> Pr
 def profile_document(result: ProfileResult) -> dict[str, Any]:
     """The FittedModel's dict plus a ``fit_error`` section (``FittedModel.from_dict`` reads past it)."""
     return {**result.model.to_dict(), FIT_ERROR_KEY: {k: asdict(e) for k, e in result.errors.items()}}
+
+
+def profile_model(name: str, grid: Grid, dtype: torch.dtype = torch.float32, device: str = "cpu"
+                  ) -> ProfileResult:
+    """Load ``name`` and profile it on a cache just big enough for the grid."""
+    from tropical.engine.loader import load_model
+
+    loaded = load_model(name, dtype=dtype, device=device)
+    cache = PagedKVCache(loaded.config, grid.blocks_needed(16), 16, dtype, device)
+    return profile_engine(loaded.model, cache, grid)
 
 
 def write_profile(result: ProfileResult, path: str | Path) -> None:

@@ -1,16 +1,15 @@
-"""Start a cluster: worker processes up and loaded, a latency profile, the router driving them.
+"""Start a cluster: workers up and loaded, a latency profile, the router driving them.
 
-The profile prices the toggle's predictions. Without ``--profile`` the first worker measures one
-quickly (seconds) and the result is cached per model, dtype, device and thread count, so later
-starts reuse it; the returned note says which happened.
+The workers are local processes or Ray actors (``--backend``); either way the router gets
+WorkerHandles and cannot tell which. The profile prices the toggle's predictions. Without
+``--profile`` the first worker measures one quickly (seconds) and the result is cached per model,
+dtype, device and thread count, so later starts reuse it; the returned note says which happened.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 from tropical.calibration.store import load_profile
@@ -20,18 +19,19 @@ from tropical.engine.loader import cache_root
 from tropical.engine.runner import worker_state
 from tropical.serve.messages import Profile, Ready, WorkerLaunch
 from tropical.serve.metrics import ServerMetrics
-from tropical.serve.options import ServeOptions, policy_and_roles
+from tropical.serve.options import ServeOptions, placements, policy_and_roles
 from tropical.serve.router import Router, RouterSettings
-from tropical.serve.worker_client import WorkerClient
+from tropical.serve.worker_client import LocalBackend
+from tropical.serve.worker_handle import Backend, WorkerHandle
 
 
 @dataclass
 class Cluster:
-    """A started cluster; ``stop`` ends the workers and removes their staging files."""
+    """A started cluster; ``stop`` ends the workers, then lets the backend release what it holds."""
 
     router: Router
-    clients: list[WorkerClient]
-    staging_dir: str
+    clients: list[WorkerHandle]
+    backend: Backend
     profile_note: str
     model_name: str
     max_model_len: int
@@ -40,21 +40,23 @@ class Cluster:
         await self.router.stop()
         for client in self.clients:
             client.stop()
-        shutil.rmtree(self.staging_dir, ignore_errors=True)
+        self.backend.close()
 
 
 async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
-    """Spawn the workers, wait until every one is ready, price them, start routing."""
+    """Start the workers, wait until every one is ready, price them, start routing."""
     policy, roles = policy_and_roles(options)
-    staging_dir = tempfile.mkdtemp(prefix="tropical-serve-")
-    clients = [WorkerClient(_launch_spec(options, i, staging_dir)) for i in range(len(roles))]
+    backend = open_backend(options, len(roles))
+    clients: list[WorkerHandle] = []
     try:
+        clients = backend.spawn([_launch_spec(options, i) for i in range(len(roles))],
+                                placements(options, roles))
         readies = await asyncio.gather(*(c.ready(options.start_timeout) for c in clients))
         latency, note = await _profile(options, clients[0], readies[0])
     except BaseException:
         for client in clients:
             client.stop()
-        shutil.rmtree(staging_dir, ignore_errors=True)
+        backend.close()
         raise
     workers = [worker_state(r.worker_id, role, policy.rules(role), r.num_blocks, r.block_size, latency)
                for r, role in zip(readies, roles, strict=True)]
@@ -63,19 +65,28 @@ async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
     router = Router(policy, workers, clients, readies[0].tokenizer, latency, settings, metrics)
     router.start()
     name = options.served_model_name or readies[0].model_name
-    return Cluster(router, clients, staging_dir, note, name, max_len)
+    return Cluster(router, clients, backend, note, name, max_len)
 
 
-def _launch_spec(options: ServeOptions, worker_id: int, staging_dir: str) -> WorkerLaunch:
+def open_backend(options: ServeOptions, workers: int) -> Backend:
+    """Local processes, or a Ray cluster joined (``--ray-address``) or started here."""
+    if options.backend == "local":
+        return LocalBackend()
+    from tropical.serve.ray_backend import RayBackend  # Ray is an optional dependency
+
+    return RayBackend.connect(options, workers)
+
+
+def _launch_spec(options: ServeOptions, worker_id: int) -> WorkerLaunch:
     return WorkerLaunch(worker_id, options.model, options.dtype, options.device, options.threads,
-                        options.kv_tokens, options.block_size, options.max_model_len, staging_dir)
+                        options.kv_tokens, options.block_size, options.max_model_len)
 
 
 def _slo(options: ServeOptions) -> SLOSpec:
     return SLOSpec(options.slo_scale, options.slo_scale, options.slo_ttft_ms, options.slo_tpot_ms)
 
 
-async def _profile(options: ServeOptions, client: WorkerClient, ready: Ready) -> tuple[FittedModel, str]:
+async def _profile(options: ServeOptions, client: WorkerHandle, ready: Ready) -> tuple[FittedModel, str]:
     """The latency model from --profile, the cache, or a quick measurement now."""
     if options.profile is not None:
         return load_profile(options.profile), f"latency profile {options.profile}"
@@ -83,7 +94,7 @@ async def _profile(options: ServeOptions, client: WorkerClient, ready: Ready) ->
     path = cache_root(None) / "profiles" / key
     if path.is_file():
         return load_profile(path), f"cached latency profile {path}"
-    data = await client.call(Profile(quick=True))
+    data = await client.call(Profile("quick"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     errors = ", ".join(f"{k} {v['median_pct']:.0f}%" for k, v in data["fit_error"].items())

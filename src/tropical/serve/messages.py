@@ -17,7 +17,8 @@ from tropical.engine.tokenizer import Tokenizer
 
 @dataclass(frozen=True, slots=True)
 class WorkerLaunch:
-    """Everything a worker process needs to start: which model, how big a cache, how many threads."""
+    """Everything a worker process needs to start: which model, how big a cache, how many threads;
+    ``staging_dir`` holds its migration staging file (None: a backend that moves KV itself)."""
 
     worker_id: int
     model: str
@@ -27,7 +28,7 @@ class WorkerLaunch:
     kv_tokens: int
     block_size: int
     max_model_len: int
-    staging_dir: str
+    staging_dir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +98,10 @@ class Import:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """Measure this engine (its cache must be empty) and reply with the profile's dict."""
+    """Measure this engine (its cache must be empty) on a named grid of engine.profiler.GRIDS and
+    reply with the profile's dict."""
 
-    quick: bool
+    grid: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,14 @@ class ServerMetrics:
         self.waiting = self._worker_gauge("tropical_worker_waiting", "Requests waiting on a worker")
         self.kv_usage = self._worker_gauge("tropical_worker_kv_usage", "Fraction of KV blocks in use")
         self.up = self._worker_gauge("tropical_worker_up", "1 while the worker process is alive")
+        self.iterations = self._counter("tropical_iterations_total", "Iterations run", "worker")
+        self.iteration_seconds = {
+            kind: self._counter(f"tropical_iteration_{kind}_seconds_total", doc, "worker")
+            for kind, doc in (("wall", "Iteration time as the router sees it (plan, round trip, booking)"),
+                              ("compute", "Iteration time inside the worker (forward and sampling)"),
+                              ("predicted", "Iteration time the latency profile predicted"))}
+        self.migration_predicted = self._counter("tropical_migration_predicted_seconds_total",
+                                                 "KV migration time the latency profile predicted")
         self.worker_labels: dict[int, tuple[str, str, str]] = {}
 
     def _histogram(self, name: str, doc: str) -> Histogram:
@@ -73,7 +81,15 @@ class ServerMetrics:
     def record_path(self, path: str) -> None:
         self.paths.labels(path).inc()
 
-    def record_migration(self, seconds: float, tokens: int) -> None:
+    def record_iteration(self, worker_id: int, wall: float, compute: float, predicted: float) -> None:
+        """One iteration's times: their gaps are the serving overhead and the profile's error."""
+        worker = str(worker_id)
+        self.iterations.labels(worker).inc()
+        for kind, seconds in (("wall", wall), ("compute", compute), ("predicted", predicted)):
+            self.iteration_seconds[kind].labels(worker).inc(seconds)
+
+    def record_migration(self, seconds: float, tokens: int, predicted: float = 0.0) -> None:
+        self.migration_predicted.inc(predicted)
         self.migrations.inc()
         self.migrated_tokens.inc(tokens)
         self.migration_seconds.observe(seconds)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from tropical.sched.policy import Policy
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
 from tropical.sched.tropical import ToggleParams
+from tropical.serve.placement import Placement, split_pins
 
 DEFAULT_WORKERS = {"colocated": "2", "chunked": "2", "disagg": "prefill,decode",
                    "tropical": "prefill,multiplex", "tropical+": "prefill,multiplex"}
+BACKENDS = ("local", "ray")
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """Everything `tropical serve` can be told; ``workers`` is a count or a comma list of roles."""
+    """Everything `tropical serve` can be told; ``workers`` is a count or a comma list of roles,
+    each optionally pinned (``prefill@node:10.0.0.5``, see ``placement``) for the Ray backend."""
 
     model: str = "smollm2"
     policy: str = "tropical"
@@ -38,6 +42,9 @@ class ServeOptions:
     start_timeout: float = 300.0
     drain_timeout: float = 30.0
     served_model_name: str | None = None
+    backend: str = "local"
+    ray_address: str | None = None
+    ray_max_restarts: int = 3
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
@@ -47,15 +54,24 @@ class ServeOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.ray_address is not None and self.backend != "ray":
+            raise ValueError("--ray-address needs --backend ray")
+        if self.backend == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("--backend ray needs Ray; install it with: pip install 'tropical[ray]'")
+        if self.ray_max_restarts < -1:
+            raise ValueError(f"--ray-max-restarts must be -1 (no limit) or more, got {self.ray_max_restarts}")
+        placements(self, policy_and_roles(self)[1])
 
 
 def policy_and_roles(options: ServeOptions) -> tuple[Policy, list[Role]]:
     """The policy object and each worker's role, checked against what ``--workers`` asked for."""
-    spec = options.workers or DEFAULT_WORKERS.get(options.policy, "2")
+    spec = _spec(options)
     if spec.strip().isdigit():
         count, wanted = int(spec), None
     else:
-        wanted = [_role(name) for name in spec.split(",")]
+        wanted = [_role(split_pins(entry)[0]) for entry in spec.split(",")]
         count = len(wanted)
     if count < 1:
         raise ValueError("--workers needs at least one worker")
@@ -71,6 +87,26 @@ def policy_and_roles(options: ServeOptions) -> tuple[Policy, list[Role]]:
         raise ValueError(f"policy {options.policy} runs workers as {','.join(r.value for r in roles)}; "
                          f"--workers asked for {spec}")
     return policy, roles
+
+
+def placements(options: ServeOptions, roles: list[Role]) -> list[Placement]:
+    """Each worker's pins, in the policy's order of ``roles`` (the n-th pinned prefill entry goes
+    to the n-th prefill worker); pins need the Ray backend."""
+    spec = _spec(options)
+    pinned: dict[Role, list[Placement]] = {}
+    if not spec.strip().isdigit():
+        for entry in spec.split(","):
+            name, placement = split_pins(entry)
+            pinned.setdefault(_role(name), []).append(placement)
+    chosen = [pinned[role].pop(0) if pinned.get(role) else Placement() for role in roles]
+    if options.backend == "local" and any(p.pinned for p in chosen):
+        raise ValueError(f"--workers {spec!r} pins workers to nodes or GPUs, which only the Ray backend "
+                         f"can honour; add --backend ray or drop the @ pins")
+    return chosen
+
+
+def _spec(options: ServeOptions) -> str:
+    return options.workers or DEFAULT_WORKERS.get(options.policy, "2")
 
 
 def _role(name: str) -> Role:

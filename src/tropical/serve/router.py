@@ -5,7 +5,8 @@ Each worker has a driver task: plan a step (sched's ``form_batch`` on this route
 worker's state), send it, book the sampled tokens as the simulator books an iteration, stream
 them, then let the policy look (iteration ends, migrations). Aborts and finished requests free
 KV in the worker's next command. A worker that dies fails its requests and leaves the policy's
-view (``alive``); the others keep serving.
+view (``alive``); the others keep serving. A worker its backend restarts (Ray) comes back with
+an empty KV cache: a fresh state under its old role, a new planner and driver (``revive``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tropical.core.request import Request
 from tropical.core.slo import SLO, SLOSpec
 from tropical.engine.planner import Booked, StepPlanner
 from tropical.engine.planner import Sequence as EngineSequence
+from tropical.engine.runner import worker_state
 from tropical.engine.tokenizer import Tokenizer
 from tropical.sched.admission import NO_LIVE_WORKER, admission_error
 from tropical.sched.policy import Assignment, Policy, apply
@@ -60,8 +62,8 @@ class Router:
         self.policy = policy
         self.workers = list(workers)
         self.clients = list(clients)
-        eos = frozenset(tokenizer.eos_token_ids)
-        self.planners = [StepPlanner(w, eos) for w in self.workers]
+        self.eos = frozenset(tokenizer.eos_token_ids)
+        self.planners = [StepPlanner(w, self.eos) for w in self.workers]
         self.tokenizer = tokenizer
         self.reference = reference
         self.settings = settings
@@ -78,11 +80,15 @@ class Router:
         self.draining = False
         for client in self.clients:
             client.on_death = self._worker_died
+            client.on_revive = self.revive
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._drive(w.id), name=f"drive-{w.id}") for w in self.workers]
+        self._tasks = [self._driver(w.id) for w in self.workers]
         for worker in self.workers:
             self._report(worker)
+
+    def _driver(self, worker_id: int) -> asyncio.Task:
+        return asyncio.create_task(self._drive(worker_id), name=f"drive-{worker_id}")
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -176,13 +182,15 @@ class Router:
             return False
         for req, _, _ in planned.batch.prefills:
             req.prefill_start = start if req.prefill_start is None else req.prefill_start
-        worker.busy_until = start + worker.latency.iteration_time(planned.batch.shape)
+        predicted = worker.latency.iteration_time(planned.batch.shape)
+        worker.busy_until = start + predicted
         done: StepDone | None = await self._call(worker_id, Step(planned.spec, frees))
         if done is None:
             return False
         end = self.clock()
         worker.busy_until = end
         self._after(worker_id, planner.book(planned, done.tokens, end), end)
+        self.metrics.record_iteration(worker_id, self.clock() - start, done.seconds, predicted)
         return True
 
     async def _call(self, worker_id: int, command: object) -> object | None:
@@ -251,7 +259,8 @@ class Router:
             self._migration_failed(req, source_id, target, exc)
             return
         req.migration_time = self.clock() - start
-        self.metrics.record_migration(req.migration_time, req.prompt_len)
+        self.metrics.record_migration(req.migration_time, req.prompt_len,
+                                      self.workers[source_id].latency.transfer_time(req.prompt_len))
         seq = self.planners[source_id].remove(req.id)
         self._frees[source_id].append(req.id)
         self._wake(source_id)
@@ -291,20 +300,40 @@ class Router:
 
     def _worker_died(self, worker_id: int) -> None:
         """Take the dead worker out of the policy's view and keep serving: requests that have
-        streamed nothing yet start over elsewhere, the rest end with a clear error."""
+        streamed nothing yet start over elsewhere (unless they asked not to), the rest end with a
+        clear error."""
         worker = self.workers[worker_id]
         worker.alive = False
         lost = [*self.planners[worker_id].sequences, *worker.incoming]
         for rid in lost:
             self._where.pop(rid, None)
             handle = self.handles.get(rid)
-            if handle is not None and handle.completion_tokens == 0:
+            if handle is not None and handle.completion_tokens == 0 and handle.submission.retry:
                 self._rerun(handle)
-            else:
-                self._fail(rid, f"worker {worker_id} (pid {self.clients[worker_id].pid}) died "
-                                f"after this request had started streaming")
+            elif handle is not None:
+                self._fail(rid, self._death_note(worker_id, handle))
         self.metrics.set_worker(worker_id, worker.role.value, 0, 0, 0.0, alive=False,
                                 node=self.clients[worker_id].node)
+
+    def _death_note(self, worker_id: int, handle: RequestHandle) -> str:
+        why = ("after this request had started streaming" if handle.completion_tokens
+               else "and this request asked not to be retried")
+        return f"worker {worker_id} (pid {self.clients[worker_id].pid}) died {why}"
+
+    def revive(self, worker_id: int) -> None:
+        """A restarted worker serves again: a fresh state (empty KV pool) with the old role, rules,
+        latency and cache size, a new planner, and a new driver in place of the dead one's."""
+        old = self.workers[worker_id]
+        worker = worker_state(worker_id, old.role, old.rules, old.kv.capacity_blocks, old.kv.block_size,
+                              old.latency)
+        self.workers[worker_id] = worker
+        self.planners[worker_id] = StepPlanner(worker, self.eos)
+        self._aborts[worker_id], self._frees[worker_id] = set(), []
+        self._tasks[worker_id].cancel()
+        self._tasks[worker_id] = self._driver(worker_id)
+        self.metrics.record_revival()
+        self._report(worker)
+        self._retry_stalled()
 
     def _rerun(self, handle: RequestHandle) -> None:
         """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""

@@ -11,11 +11,15 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
-from collections.abc import AsyncIterator, Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tropical.serve.messages import Export, Import, Ready, Reply, StagingArea, WorkerLaunch
+from tropical.serve.placement import Placement
 from tropical.serve.worker_handle import WorkerDied, WorkerError
 from tropical.serve.worker_process import worker_main
 
@@ -36,6 +40,7 @@ class WorkerClient:
         child.close()
         self.alive = True
         self.on_death: Callable[[int], None] = lambda _: None
+        self.on_revive: Callable[[int], None] = lambda _: None
         self._pending: asyncio.Future | None = None
         self._lock = asyncio.Lock()
         self._staging_lock = asyncio.Lock()
@@ -119,3 +124,17 @@ class WorkerClient:
         if self.process.is_alive() and self.pid is not None:
             os.kill(self.pid, signal.SIGKILL)
             self.process.join(timeout)
+
+
+class LocalBackend:
+    """Worker processes on this machine, migrating KV through staging files in a temp directory."""
+
+    def __init__(self) -> None:
+        self.staging_dir = tempfile.mkdtemp(prefix="tropical-serve-")
+
+    def spawn(self, launches: Sequence[WorkerLaunch], placements: Sequence[Placement]) -> list[WorkerClient]:
+        """Every worker runs here, so there is nothing to place (options reject pins)."""
+        return [WorkerClient(replace(launch, staging_dir=self.staging_dir)) for launch in launches]
+
+    def close(self) -> None:
+        shutil.rmtree(self.staging_dir, ignore_errors=True)

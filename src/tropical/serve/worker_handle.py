@@ -1,4 +1,5 @@
-"""What the router needs of a worker, whatever runs it: a local process or a Ray actor.
+"""What the router needs of a worker, whatever runs it: a local process or a Ray actor; and
+what start-up needs of the backend that runs them.
 
 The policy sees WorkerStates only; the router talks to workers through this interface, so the
 backends differ in transport (a pipe and mapped files, or actor calls and the object store) and
@@ -7,11 +8,12 @@ in nothing the scheduler can observe.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from tropical.serve.messages import Ready
+from tropical.serve.messages import Ready, WorkerLaunch
+from tropical.serve.placement import Placement
 
 
 class WorkerDied(RuntimeError):
@@ -27,6 +29,9 @@ class WorkerHandle(Protocol):
     alive: bool
     on_death: Callable[[int], None]
     """Called once, on the event loop, when the worker is found dead."""
+    on_revive: Callable[[int], None]
+    """Called on the event loop when a dead worker serves again, restarted with an empty KV cache
+    (backends that restart workers; the local one never does)."""
 
     @property
     def pid(self) -> int | None: ...
@@ -55,4 +60,16 @@ class WorkerHandle(Protocol):
 
     def stop(self) -> None:
         """End the worker and release what it holds."""
+        ...
+
+
+class Backend(Protocol):
+    """What starts the workers: local processes, or Ray actors on a cluster."""
+
+    def spawn(self, launches: Sequence[WorkerLaunch], placements: Sequence[Placement]) -> list[WorkerHandle]:
+        """Start one worker per launch (placed as pinned) and return their handles, not yet ready."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds once every worker has stopped."""
         ...

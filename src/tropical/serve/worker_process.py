@@ -17,7 +17,7 @@ import torch
 from tropical.engine.executor import Executor
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.loader import load_model
-from tropical.engine.profiler import profile_document, profile_engine
+from tropical.engine.profiler import GRIDS, profile_document, profile_engine
 from tropical.serve.messages import (
     Export,
     Free,
@@ -34,7 +34,8 @@ from tropical.serve.staging import create_staging, map_staging
 
 
 class WorkerRuntime:
-    """The executor plus this worker's staging area and the peers' areas it has mapped."""
+    """The executor plus this worker's staging area and the peers' areas it has mapped (when
+    the backend migrates KV through staging files; the Ray backend moves tensors itself)."""
 
     def __init__(self, launch: WorkerLaunch) -> None:
         torch.set_num_threads(launch.threads)
@@ -46,8 +47,9 @@ class WorkerRuntime:
         cache = PagedKVCache(config, blocks, launch.block_size, dtype, launch.device)
         self.executor = Executor(self.loaded.model, cache)
         shape = (config.num_hidden_layers, 2, self.max_model_len, config.num_key_value_heads, config.head_dim)
-        self.area = create_staging(launch.staging_dir, launch.worker_id, shape, dtype)
-        self.staging = map_staging(self.area)
+        self.area = None if launch.staging_dir is None else create_staging(
+            launch.staging_dir, launch.worker_id, shape, dtype)
+        self.staging = None if self.area is None else map_staging(self.area)
         self.peers: dict[str, torch.Tensor] = {}
         self.launch = launch
 
@@ -71,7 +73,7 @@ class WorkerRuntime:
         if isinstance(command, Import):
             return self._timed(self._import, command)
         if isinstance(command, Profile):
-            return self._profile(command.quick)
+            return self._profile(command.grid)
         raise TypeError(f"unknown command {type(command).__name__}")
 
     @staticmethod
@@ -80,20 +82,30 @@ class WorkerRuntime:
         action(command)
         return time.perf_counter() - start
 
+    def export_kv(self, seq_id: int, tokens: int) -> torch.Tensor:
+        """A copy [layers, 2, tokens, kv_heads, head_dim] of a sequence's first ``tokens`` tokens
+        of KV, for a backend that moves it between workers itself."""
+        return self.executor.cache.export(seq_id, tokens)
+
+    def import_kv(self, seq_id: int, kv: torch.Tensor) -> None:
+        self.executor.cache.import_(seq_id, kv)
+
     def _export(self, command: Export) -> None:
-        self.staging[:, :, :command.tokens] = self.executor.cache.export(command.seq_id, command.tokens)
+        if self.staging is None:
+            raise RuntimeError("this worker has no staging area; its backend moves KV with export_kv")
+        self.staging[:, :, :command.tokens] = self.export_kv(command.seq_id, command.tokens)
 
     def _import(self, command: Import) -> None:
         source = self._peer(command.source)
-        self.executor.cache.import_(command.seq_id, source[:, :, :command.tokens])
+        self.import_kv(command.seq_id, source[:, :, :command.tokens])
 
     def _peer(self, area: StagingArea) -> torch.Tensor:
         if area.path not in self.peers:
             self.peers[area.path] = map_staging(area)
         return self.peers[area.path]
 
-    def _profile(self, quick: bool) -> dict:
-        return profile_document(profile_engine(self.loaded.model, self.executor.cache, quick=quick))
+    def _profile(self, grid: str) -> dict:
+        return profile_document(profile_engine(self.loaded.model, self.executor.cache, GRIDS[grid]))
 
 
 def worker_main(conn: Connection, launch: WorkerLaunch) -> None:

@@ -1,0 +1,1 @@
+"""`tropical fidelity`: the same trace slice through the real server and through the simulator."""

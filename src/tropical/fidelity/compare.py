@@ -1,0 +1,46 @@
+"""How far the simulator's numbers are from the real server's, metric by metric."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tropical.core.latency.adjusted import AdjustedModel
+from tropical.core.metrics import Summary
+
+METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "attainment")
+
+
+def values(summary: Summary) -> dict[str, float]:
+    flat = summary.as_dict()
+    return {m: float(flat[m]) for m in METRICS}
+
+
+def relative_errors(real: Summary, sim: Summary) -> dict[str, float]:
+    """(sim - real) / real of each metric; NaN where real is 0 or missing."""
+    r, s = values(real), values(sim)
+    return {m: (s[m] - r[m]) / r[m] if r[m] and not math.isnan(r[m]) else math.nan for m in METRICS}
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """One policy's real run, its twin on the bare profile, and its twin with the serving
+    overheads the server measured (``adjustment``)."""
+
+    policy: str
+    real: Summary
+    profile_only: Summary
+    adjusted: Summary
+    adjustment: AdjustedModel
+    goodput_rps: float
+
+    def as_dict(self) -> dict[str, object]:
+        a = self.adjustment
+        return {"policy": self.policy, "real": values(self.real), "sim": values(self.adjusted),
+                "relative_error": relative_errors(self.real, self.adjusted),
+                "sim_profile_only": values(self.profile_only),
+                "relative_error_profile_only": relative_errors(self.real, self.profile_only),
+                "adjustment": {"compute_scale": a.scale, "overhead_s": a.overhead,
+                               "transfer_scale": a.transfer_scale},
+                "real_goodput_rps": self.goodput_rps, "real_completed": self.real.completed,
+                "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}

@@ -1,0 +1,38 @@
+"""What the live server adds to its profile, read from its own /metrics after a run."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tropical.core.latency.adjusted import AdjustedModel
+from tropical.core.latency.model import LatencyModel
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of the server's metrics summed over labels, by sample name."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    totals: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] += sample.value
+    return dict(totals)
+
+
+def adjusted(profile: LatencyModel, totals: dict[str, float]) -> AdjustedModel:
+    """``profile`` scaled by the measured compute / predicted ratio (contention between workers
+    and the profile's own error), plus the mean per-iteration gap between the router's wall time
+    and the worker's compute (planning, pipe round trip, booking, streaming), and migrations
+    scaled by measured / predicted."""
+    iterations = totals.get("tropical_iterations_total", 0.0)
+    if not iterations:
+        return AdjustedModel(profile)
+    compute = totals["tropical_iteration_compute_seconds_total"]
+    predicted = totals["tropical_iteration_predicted_seconds_total"]
+    wall = totals["tropical_iteration_wall_seconds_total"]
+    moved = totals.get("tropical_migration_predicted_seconds_total", 0.0)
+    scale = compute / predicted if predicted else 1.0
+    transfer = totals["tropical_migration_seconds_sum"] / moved if moved else 1.0
+    return AdjustedModel(profile, scale, max(0.0, (wall - compute) / iterations), transfer)

@@ -1,0 +1,68 @@
+"""Run the fidelity study: for each policy, a live `tropical serve`, the trace slice replayed by
+`tropical bench`, and the simulator's twin of that run on the engine's measured profile."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tropical.bench.config import BenchConfig
+from tropical.bench.run import BenchRun, run_bench
+from tropical.calibration.store import load_profile
+from tropical.core.metrics import summarize
+from tropical.fidelity.compare import Comparison
+from tropical.fidelity.overheads import adjusted, scrape
+from tropical.fidelity.twin import ServerShape, simulate_twin
+from tropical.serve.process import ServerProcess
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    """One study: the model and its profile, the server's shape, the workload, the policies."""
+
+    profile: str
+    shape: ServerShape
+    model: str = "tiny-random"
+    threads: int = 1
+    policies: tuple[str, ...] = ("colocated", "chunked", "disagg", "tropical", "tropical+")
+    trace: str = "conversation"
+    limit: int = 60
+    rate_scale: float = 1.0
+    length_scale: float = 0.05
+    slo_ttft_ms: float = 2000.0
+    slo_tpot_ms: float = 200.0
+    seed: int = 0
+
+    def bench(self, url: str) -> BenchConfig:
+        return BenchConfig(url, self.trace, self.rate_scale, self.length_scale, self.limit, seed=self.seed,
+                           slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms, timeout=300.0)
+
+    def serve_args(self, policy: str) -> list[str]:
+        return ["--model", self.model, "--profile", self.profile, "--threads", str(self.threads),
+                *self.shape.serve_args(policy)]
+
+
+def run_policy(cfg: FidelityConfig, policy: str, logs: Path) -> tuple[Comparison, BenchRun]:
+    """The real run and its simulated twin for one policy."""
+    server = ServerProcess.start(cfg.serve_args(policy), logs / f"serve-{policy}.log")
+    try:
+        real = run_bench(cfg.bench(server.url))
+        totals = scrape(server.url)
+    finally:
+        server.stop()
+    profile = load_profile(cfg.profile)
+    adjustment = adjusted(profile, totals)
+    twins = [summarize(simulate_twin(real.planned, real.config.slo, policy, cfg.shape, model))
+             for model in (profile, adjustment)]
+    return Comparison(policy, real.summary.core, *twins, adjustment, real.summary.goodput_rps), real
+
+
+def run_study(cfg: FidelityConfig, logs: Path,
+              progress: Callable[[str], None] = lambda _: None) -> list[Comparison]:
+    logs.mkdir(parents=True, exist_ok=True)
+    results = []
+    for policy in cfg.policies:
+        progress(f"{policy}: serving and replaying {cfg.limit} requests ...")
+        results.append(run_policy(cfg, policy, logs)[0])
+    return results

@@ -1,0 +1,48 @@
+"""The simulator's twin of a `tropical serve` run: same workers, roles, KV size, policy, profile
+and the very requests the client planned, so any difference is the simulator's error."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tropical.bench.plan import PlannedRequest
+from tropical.core.latency.model import LatencyModel
+from tropical.core.request import Request
+from tropical.core.slo import SLO
+from tropical.engine.runner import worker_state
+from tropical.serve.options import ServeOptions, policy_and_roles
+from tropical.sim.simulator import Simulator
+
+
+@dataclass(frozen=True, slots=True)
+class ServerShape:
+    """What the simulator must copy from the server's command line."""
+
+    kv_tokens: int
+    block_size: int
+    max_model_len: int
+    max_batched_tokens: int
+    workers: str | None = None
+
+    def options(self, policy: str) -> ServeOptions:
+        return ServeOptions(policy=policy, workers=self.workers, kv_tokens=self.kv_tokens,
+                            block_size=self.block_size, max_model_len=self.max_model_len,
+                            max_batched_tokens=self.max_batched_tokens)
+
+    def serve_args(self, policy: str) -> list[str]:
+        args = {"--policy": policy, "--kv-tokens": self.kv_tokens, "--block-size": self.block_size,
+                "--max-model-len": self.max_model_len, "--max-batched-tokens": self.max_batched_tokens,
+                "--workers": self.workers}
+        return [str(x) for flag, value in args.items() if value is not None for x in (flag, value)]
+
+
+def simulate_twin(planned: Sequence[PlannedRequest], slo: SLO, policy: str, shape: ServerShape,
+                  latency: LatencyModel) -> list[Request]:
+    """Simulate ``planned`` (arrivals at their scheduled send times) on the server's cluster."""
+    chosen, roles = policy_and_roles(shape.options(policy))
+    blocks = -(-shape.kv_tokens // shape.block_size)
+    workers = [worker_state(i, role, chosen.rules(role), blocks, shape.block_size, latency)
+               for i, role in enumerate(roles)]
+    requests = [Request(p.id, p.send_at, p.prompt_len, p.output_len, slo) for p in planned]
+    return Simulator(workers, chosen, requests, shape.max_model_len).run()

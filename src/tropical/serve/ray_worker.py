@@ -1,0 +1,78 @@
+"""A worker as a Ray actor: the local worker's runtime, with KV handed over as numpy arrays.
+
+Ray puts a returned numpy array into its node's shared-memory object store once; an importing
+actor on the same node reads it there without a copy (read-only), and one on another node gets
+it straight from that node, never through the router. bfloat16, which numpy lacks, travels as
+its raw 16 bits. Commands (Step, Free, Profile) are the local worker's, run by the same runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from tropical.serve.messages import Ready, WorkerLaunch
+from tropical.serve.worker_process import WorkerRuntime
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where one incarnation of an actor runs; Ray's restart makes a new ``incarnation``."""
+
+    pid: int
+    node: str
+    incarnation: str
+
+
+class RayWorker:
+    """The actor's body; Ray calls its methods one at a time, in the order each caller sent them."""
+
+    def __init__(self, launch: WorkerLaunch) -> None:
+        self.runtime = WorkerRuntime(launch)
+        self.dtype = getattr(torch, launch.dtype)
+        node = node_address(ray.get_runtime_context().get_node_id())
+        self.location = Location(os.getpid(), node, uuid.uuid4().hex)
+
+    def ready(self) -> Ready:
+        return self.runtime.ready()
+
+    def where(self) -> Location:
+        """Also the watcher's ping: cheap, and it tells a restarted actor from the one we knew."""
+        return self.location
+
+    def handle(self, command: Any) -> Any:
+        return self.runtime.handle(command)
+
+    @ray.method(num_returns=2)
+    def export_kv(self, seq_id: int, tokens: int) -> tuple[float, np.ndarray]:
+        """Seconds taken, and the KV as an array (a separate object, so the router can wait for the
+        first without fetching the second)."""
+        start = time.perf_counter()
+        kv = self.runtime.export_kv(seq_id, tokens).cpu()
+        array = (kv.view(torch.int16) if kv.dtype == torch.bfloat16 else kv).numpy()
+        return time.perf_counter() - start, array
+
+    def import_kv(self, seq_id: int, kv: np.ndarray) -> float:
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            # The object store's memory is read-only; the import only reads it.
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            tensor = torch.from_numpy(kv)
+        self.runtime.import_kv(seq_id, tensor.view(self.dtype))
+        return time.perf_counter() - start
+
+
+def node_address(node_id: str) -> str:
+    """The IP a Ray node registered with (what ``node:`` pins name), or its id if unknown."""
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), node_id)
+
+
+RemoteWorker = ray.remote(RayWorker)

@@ -1,0 +1,67 @@
+"""The fidelity study's parts: the simulator's twin of a server, the serving adjustment, one live run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.factories import linear_model
+from tropical.bench.plan import PlannedRequest
+from tropical.core.latency.adjusted import AdjustedModel
+from tropical.core.latency.shape import BatchShape
+from tropical.core.slo import SLO
+from tropical.engine.profiler import QUICK, profile_model, write_profile
+from tropical.fidelity.compare import METRICS
+from tropical.fidelity.overheads import adjusted
+from tropical.fidelity.run import FidelityConfig, run_policy
+from tropical.fidelity.twin import ServerShape, simulate_twin
+
+SHAPE = ServerShape(kv_tokens=4096, block_size=16, max_model_len=512, max_batched_tokens=256)
+
+
+def test_adjusted_model_scales_compute_and_adds_overhead() -> None:
+    base = linear_model()
+    model = AdjustedModel(base, scale=2.0, overhead=0.01, transfer_scale=3.0)
+    shape = BatchShape.prefill(100)
+    assert model.iteration_time(shape) == pytest.approx(2 * base.iteration_time(shape) + 0.01)
+    base_intercept, base_slope = base.decode_line(4)
+    assert model.decode_line(4) == pytest.approx((2 * base_intercept + 0.01, 2 * base_slope))
+    assert model.transfer_time(64) == pytest.approx(3 * base.transfer_time(64))
+    with pytest.raises(ValueError, match="scale"):
+        AdjustedModel(base, scale=0.0)
+
+
+def test_adjustment_comes_from_the_servers_counters() -> None:
+    totals = {"tropical_iterations_total": 10.0, "tropical_iteration_compute_seconds_total": 3.0,
+              "tropical_iteration_predicted_seconds_total": 2.0, "tropical_iteration_wall_seconds_total": 3.5,
+              "tropical_migration_predicted_seconds_total": 0.5, "tropical_migration_seconds_sum": 1.0}
+    model = adjusted(linear_model(), totals)
+    assert (model.scale, model.overhead, model.transfer_scale) == pytest.approx((1.5, 0.05, 2.0))
+    assert adjusted(linear_model(), {}).scale == 1.0
+
+
+@pytest.mark.parametrize("policy", ["colocated", "disagg", "tropical"])
+def test_twin_simulates_every_planned_request(policy: str) -> None:
+    planned = [PlannedRequest(i, 0.05 * i, 40 + i, 5) for i in range(12)]
+    done = simulate_twin(planned, SLO(1.0, 0.1), policy, SHAPE, linear_model())
+    assert [r.id for r in done] == list(range(12)) and all(r.error is None and r.finish for r in done)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("fidelity") / "profile.json"
+    write_profile(profile_model("tiny-random", QUICK), path)
+    return str(path)
+
+
+def test_one_policy_live_and_simulated(tmp_path: Path, profile: str) -> None:
+    cfg = FidelityConfig(profile, SHAPE, policies=("tropical",), limit=8, rate_scale=10.0, length_scale=0.02)
+    comparison, real = run_policy(cfg, "tropical", tmp_path)
+    assert comparison.real.completed == comparison.adjusted.completed == 8
+    result = comparison.as_dict()
+    assert set(result["relative_error"]) == set(METRICS)
+    assert not math.isnan(result["relative_error"]["ttft_p50_s"])
+    assert result["adjustment"]["compute_scale"] > 0 and result["adjustment"]["overhead_s"] >= 0
+    assert len(real.planned) == 8

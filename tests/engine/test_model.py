@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tropical.engine.attention import QUERY_CHUNK
 from tropical.engine.batch import FlatBatch, Span
 from tropical.engine.config import ModelConfig
 from tropical.engine.kv_cache import PagedKVCache
@@ -69,6 +70,17 @@ def test_chunked_prefill_matches_transformers(hf: LlamaForCausalLM, model: Llama
     ids, cache = _prompt(20), _cache(model)
     _run(model, cache, [Span("a", ids[:12], 0)])
     logits = _run(model, cache, [Span("a", ids[12:], 12)])
+    assert (logits[0] - _hf_logits(hf, ids)[-1]).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("cached", [0, 40])
+def test_spans_longer_than_a_query_chunk_match_transformers(
+    hf: LlamaForCausalLM, model: LlamaModel, cached: int
+) -> None:
+    ids, cache = _prompt(cached + QUERY_CHUNK + 60), _cache(model, blocks=64)
+    if cached:
+        _run(model, cache, [Span("a", ids[:cached], 0)])
+    logits = _run(model, cache, [Span("a", ids[cached:], cached)])
     assert (logits[0] - _hf_logits(hf, ids)[-1]).abs().max() <= 1e-4
 
 

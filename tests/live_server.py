@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,3 +26,13 @@ def live_server(tmp: Path, *args: str, model: str = "tiny-random", timeout: floa
         yield server
     finally:
         server.stop(timeout=20)
+
+
+def eventually(check: Callable[[], bool], timeout: float = 30) -> bool:
+    """Poll ``check`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False

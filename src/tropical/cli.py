@@ -166,13 +166,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     from tropical.sched.registry import policy_names
-    from tropical.serve.options import ServeOptions
+    from tropical.serve.options import BACKENDS, ServeOptions
 
     d = ServeOptions()
     parser.add_argument("--policy", default=d.policy, choices=policy_names())
     parser.add_argument("--workers", default=None,
                         help="a count, or roles such as prefill,multiplex (default: 1 prefill + 1 "
-                             "multiplexing for tropical, 2 colocated for colocated/chunked)")
+                             "multiplexing for tropical, 2 colocated for colocated/chunked); with "
+                             "--backend ray a role may be pinned: prefill@node:10.0.0.5,multiplex@gpu")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker")
     parser.add_argument("--profile", help="latency profile JSON (default: measure quickly at start-up)")
     parser.add_argument("--host", default=d.host)
@@ -190,6 +191,12 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--start-timeout", type=float, default=d.start_timeout)
     parser.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
     parser.add_argument("--served-model-name", help="the model id clients use (default: the model's name)")
+    parser.add_argument("--backend", default=d.backend, choices=BACKENDS,
+                        help="workers as local processes, or as Ray actors (see docs/ray.md)")
+    parser.add_argument("--ray-address", help="join this Ray cluster, e.g. HEAD:6379 (default: start a "
+                                              "private Ray instance here)")
+    parser.add_argument("--ray-max-restarts", type=int, default=d.ray_max_restarts,
+                        help="times Ray restarts a dead worker actor (-1: always)")
 
 
 def _add_fidelity_options(parser: argparse.ArgumentParser) -> None:

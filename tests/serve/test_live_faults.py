@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live_server import LiveServer, live_server, stop
+from tests.live_server import LiveServer, eventually, live_server, stop
 
 BODY = {"model": "tiny-random", "prompt": "keep talking", "temperature": 0, "ignore_eos": True}
 
@@ -20,15 +19,6 @@ def _gauges(server: LiveServer, name: str) -> list[float]:
     text = httpx.get(f"{server.url}/metrics", timeout=5).text
     family = next(f for f in text_string_to_metric_families(text) if f.name == name)
     return [s.value for s in family.samples]
-
-
-def _eventually(check: object, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 async def _read_one_chunk_and_leave(url: str) -> None:
@@ -45,7 +35,7 @@ def test_fifty_clients_leaving_mid_stream_free_all_kv(tmp_path: Path) -> None:
         async def main() -> None:
             await asyncio.gather(*(_read_one_chunk_and_leave(server.url) for _ in range(50)))
         asyncio.run(main())
-        assert _eventually(lambda: not any(_gauges(server, "tropical_worker_kv_usage"))
+        assert eventually(lambda: not any(_gauges(server, "tropical_worker_kv_usage"))
                            and not any(_gauges(server, "tropical_worker_running"))
                            and not any(_gauges(server, "tropical_worker_waiting"))), \
             httpx.get(f"{server.url}/metrics", timeout=5).text
@@ -68,7 +58,7 @@ def test_a_dead_worker_fails_its_requests_and_the_rest_keep_serving(tmp_path: Pa
     with live_server(tmp_path, "--policy", "colocated", "--max-model-len", "1024") as server:
         worker, said = _stream_until_killed(server)
         assert "died" in said and '"error"' in said
-        assert _eventually(lambda: not next(w for w in server.health()["workers"]
+        assert eventually(lambda: not next(w for w in server.health()["workers"]
                                             if str(w["id"]) == worker)["alive"])
         for _ in range(3):
             reply = httpx.post(f"{server.url}/v1/completions", json={**BODY, "max_tokens": 5}, timeout=30)
@@ -80,7 +70,7 @@ def test_losing_every_decoding_worker_answers_503(tmp_path: Path) -> None:
     with live_server(tmp_path, "--policy", "disagg") as server:
         decode = next(w for w in server.health()["workers"] if w["role"] == "decode")
         os.kill(decode["pid"], signal.SIGKILL)
-        assert _eventually(lambda: not server.health()["workers"][decode["id"]]["alive"])
+        assert eventually(lambda: not server.health()["workers"][decode["id"]]["alive"])
         reply = httpx.post(f"{server.url}/v1/completions", json={**BODY, "max_tokens": 5}, timeout=30)
         assert reply.status_code == 503 and "decodes" in reply.json()["error"]["message"]
         assert server.health()["status"] == "ok"

@@ -45,11 +45,13 @@ def test_completion_defaults_follow_openai() -> None:
 def test_completion_reads_every_supported_field() -> None:
     raw = body(COMPLETION, prompt=[1, 2, 3], max_tokens=5, temperature=0, top_p=0.5, top_k=40, seed=7,
                stop="\n", ignore_eos=True, stream=True, stream_options={"include_usage": True},
-               slo_ttft_ms=200, slo_tpot_ms=50.5, n=1, logprobs=None, user="x", frequency_penalty=0)
+               slo_ttft_ms=200, slo_tpot_ms=50.5, retry=False, n=1, logprobs=None, user="x",
+               frequency_penalty=0)
     req = parse_completion(raw, {})
     assert req == GenerationRequest(
         model="m", chat=False, prompt=[1, 2, 3], max_tokens=5, temperature=0.0, top_p=0.5, top_k=40, seed=7,
         stop=["\n"], ignore_eos=True, stream=True, include_usage=True, slo_ttft_ms=200.0, slo_tpot_ms=50.5,
+        retry=False,
     )
 
 
@@ -106,6 +108,7 @@ def test_a_body_that_is_not_an_object_is_refused(raw: bytes) -> None:
     ({"stop": [1]}, "stop"),
     ({"stop": {"a": 1}}, "stop"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"retry": 0}, "retry"),
     ({"stream": 1}, "stream"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stream": True, "stream_options": []}, "stream_options"),

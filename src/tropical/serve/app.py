@@ -64,7 +64,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def health() -> JSONResponse:
         router = state.router
         workers = [] if router is None else [
-            {"id": w.id, "role": w.role.value, "pid": c.pid, "alive": c.alive}
+            {"id": w.id, "role": w.role.value, "pid": c.pid, "node": c.node, "alive": c.alive}
             for w, c in zip(router.workers, router.clients, strict=True)]
         ok = router is not None and any(w["alive"] for w in workers) and not router.draining
         return JSONResponse({"status": "ok" if ok else "unavailable", "workers": workers},

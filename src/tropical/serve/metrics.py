@@ -39,6 +39,8 @@ class ServerMetrics:
         self.paths = self._counter("tropical_path_decisions_total", "Where prefills ran", "path")
         self.rejected = self._counter("tropical_rejected_total", "Requests refused before running", "reason")
         self.requests = self._counter("tropical_requests_total", "Requests by how they ended", "outcome")
+        self.revivals = self._counter("tropical_worker_revivals_total",
+                                      "Dead workers back in service after a restart", "worker")
         self.running = self._worker_gauge("tropical_worker_running", "Requests running on a worker")
         self.waiting = self._worker_gauge("tropical_worker_waiting", "Requests waiting on a worker")
         self.kv_usage = self._worker_gauge("tropical_worker_kv_usage", "Fraction of KV blocks in use")
@@ -99,6 +101,9 @@ class ServerMetrics:
 
     def record_request(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
+
+    def record_revival(self, worker_id: int) -> None:
+        self.revivals.labels(str(worker_id)).inc()
 
     def set_worker(
         self, worker_id: int, role: str, running: int, waiting: int, kv_used_fraction: float, alive: bool,

@@ -33,7 +33,7 @@ def to_submission(gen: GenerationRequest, tokenizer: Tokenizer, max_model_len: i
     seed = None if gen.seed is None else gen.seed % 2**63  # OpenAI allows negative seeds
     params = SamplingParams(gen.temperature, gen.top_p, gen.top_k or 0, seed)
     return Submission(prompt_ids, max_tokens, params, list(gen.stop), gen.ignore_eos,
-                      gen.slo_ttft_ms, gen.slo_tpot_ms)
+                      gen.slo_ttft_ms, gen.slo_tpot_ms, gen.retry)
 
 
 def _prompt_ids(gen: GenerationRequest, tokenizer: Tokenizer) -> list[int]:

@@ -51,6 +51,7 @@ class GenerationRequest:
     include_usage: bool = False
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    retry: bool = True
 
 
 def parse_completion(body: bytes, headers: Mapping[str, str]) -> GenerationRequest:
@@ -98,6 +99,7 @@ def build_request(
         include_usage=include_usage(data.get("stream_options"), stream),
         slo_ttft_ms=slo_ms(data, headers, "slo_ttft_ms", "x-slo-ttft-ms"),
         slo_tpot_ms=slo_ms(data, headers, "slo_tpot_ms", "x-slo-tpot-ms"),
+        retry=boolean(data, "retry", True),
     )
 
 

@@ -247,7 +247,7 @@ class Router:
         """Move a prefilled request's KV to the decoding worker the policy picks, then decode there."""
         target = self.policy.decode_worker(req, self.workers, self.clock())
         if target is None:
-            self._stalled.append((req, source_id))
+            self._stall(req, source_id)
             return
         target.expect_migration(req)
         self._where[req.id] = target.id
@@ -284,6 +284,15 @@ class Router:
         self._wake(source_id)
         self._fail(req.id, f"KV migration failed: {exc}")
 
+    def _stall(self, req: Request, source_id: int) -> None:
+        """Wait for room on a decoding worker; with none alive, waiting could last forever."""
+        if any(w.alive and w.role.decodes for w in self.workers):
+            self._stalled.append((req, source_id))
+            return
+        self._drop(source_id, req.id)
+        self._wake(source_id)
+        self._fail(req.id, "no live worker is left to decode it")
+
     def _retry_stalled(self) -> None:
         stalled, self._stalled = self._stalled, []
         for req, source_id in stalled:
@@ -314,6 +323,7 @@ class Router:
                 self._fail(rid, self._death_note(worker_id, handle))
         self.metrics.set_worker(worker_id, worker.role.value, 0, 0, 0.0, alive=False,
                                 node=self.clients[worker_id].node)
+        self._retry_stalled()
 
     def _death_note(self, worker_id: int, handle: RequestHandle) -> str:
         why = ("after this request had started streaming" if handle.completion_tokens
@@ -331,7 +341,7 @@ class Router:
         self._aborts[worker_id], self._frees[worker_id] = set(), []
         self._tasks[worker_id].cancel()
         self._tasks[worker_id] = self._driver(worker_id)
-        self.metrics.record_revival()
+        self.metrics.record_revival(worker_id)
         self._report(worker)
         self._retry_stalled()
 

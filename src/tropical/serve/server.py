@@ -30,7 +30,7 @@ def build_app(options: ServeOptions) -> FastAPI:
         state.model_id, state.max_model_len = cluster.model_name, cluster.max_model_len
         state.created, state.router = int(time.time()), cluster.router
         say(cluster.profile_note)
-        roles = ", ".join(f"{w.id}:{w.role.value} (pid {c.pid})"
+        roles = ", ".join(f"{w.id}:{w.role.value} (pid {c.pid} on {c.node})"
                           for w, c in zip(cluster.router.workers, cluster.clients, strict=True))
         say(f"workers {roles}")
         say(ready_message(options, state.model_id))

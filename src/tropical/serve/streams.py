@@ -16,7 +16,8 @@ from tropical.serve.detokenize import Decoder, TextStream
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """A validated generation request in tokens; ``max_tokens`` is already fitted to the context."""
+    """A validated generation request in tokens; ``max_tokens`` is already fitted to the context;
+    ``retry``: start over on another worker if its worker dies before it streams anything."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -25,6 +26,7 @@ class Submission:
     ignore_eos: bool
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    retry: bool = True
 
 
 @dataclass(frozen=True, slots=True)

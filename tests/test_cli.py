@@ -129,3 +129,11 @@ def test_profile_writes_a_profile_the_simulator_loads(capsys, tmp_path, monkeypa
     assert "median error" in capsys.readouterr().out
     from tropical.calibration.store import load_profile
     assert load_profile(out).decode_intercept >= 0
+
+
+def test_export_writes_a_directory_that_serves_like_the_model(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TROPICAL_CACHE", str(tmp_path))
+    out = tmp_path / "exported"
+    assert main(["export", "--model", "tiny-random", "--out", str(out)]) == 0
+    assert f"tropical serve --model {out}" in capsys.readouterr().out
+    assert main(["generate", "--model", str(out), "--prompt", "hello there", "--max-tokens", "5"]) == 0

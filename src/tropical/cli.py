@@ -149,6 +149,15 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return fidelity_main(args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from tropical.engine.export import save_hf_dir
+    from tropical.engine.loader import load_model
+
+    out = save_hf_dir(load_model(args.model, dtype=_torch_dtype(args.dtype), device=args.device), args.out)
+    print(f"wrote {out} (serve it with: tropical serve --model {out})")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from tropical.bench.command import bench_main
 
@@ -266,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="replay a trace against an OpenAI-compatible server, measure SLOs")
     add_bench_options(bench)
     bench.set_defaults(func=cmd_bench)
+    exp = sub.add_parser("export", help="write a model as a Hugging Face directory (vLLM, transformers)")
+    _add_model_options(exp)
+    exp.add_argument("--out", required=True, help="directory to write")
+    exp.set_defaults(func=cmd_export)
     return parser
 
 

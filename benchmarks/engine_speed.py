@@ -14,6 +14,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -80,10 +81,7 @@ def hf_config(config: ModelConfig) -> LlamaConfig:
     """The transformers config equivalent to ours; no eos id, so generate never stops or suppresses early."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_scaling is not None:
-        s = config.rope_scaling
-        rope.update(rope_type=s.rope_type, factor=s.factor, low_freq_factor=s.low_freq_factor,
-                    high_freq_factor=s.high_freq_factor,
-                    original_max_position_embeddings=s.original_max_position_embeddings)
+        rope.update((k, v) for k, v in asdict(config.rope_scaling).items() if v is not None)
     return LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,

@@ -33,7 +33,7 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def fuse_projections(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
+def _fuse_projections(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
     """Let `module.<fused>` hold several bias-free projections of one input, stacked in `parts` order
     (name -> output rows), while its state dicts keep Hugging Face's separate names: one matmul instead
     of several, and checkpoints load and save as if the projections were apart."""
@@ -77,7 +77,7 @@ class Attention(nn.Module):
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, q + 2 * kv, bias=False)
         self.o_proj = nn.Linear(q, config.hidden_size, bias=False)
-        fuse_projections(self, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
+        _fuse_projections(self, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
 
     def forward(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
         qkv = self.qkv_proj(x).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
@@ -99,7 +99,7 @@ class MLP(nn.Module):
         inter = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=False)
         self.down_proj = nn.Linear(inter, config.hidden_size, bias=False)
-        fuse_projections(self, "gate_up_proj", {"gate_proj": inter, "up_proj": inter})
+        _fuse_projections(self, "gate_up_proj", {"gate_proj": inter, "up_proj": inter})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

@@ -24,15 +24,16 @@ def scrape(url: str) -> dict[str, float]:
 def adjusted(profile: LatencyModel, totals: dict[str, float]) -> AdjustedModel:
     """``profile`` scaled by the measured compute / predicted ratio (contention between workers
     and the profile's own error), plus the mean per-iteration gap between the router's wall time
-    and the worker's compute (planning, pipe round trip, booking, streaming), and migrations
-    scaled by measured / predicted."""
+    and the worker's compute (planning, pipe round trip, booking, streaming).
+
+    Migrations are left as profiled: a live migration's time includes waiting for the target's
+    iteration boundary, which the simulator already models, so scaling by it would count it twice.
+    """
     iterations = totals.get("tropical_iterations_total", 0.0)
     if not iterations:
         return AdjustedModel(profile)
     compute = totals["tropical_iteration_compute_seconds_total"]
     predicted = totals["tropical_iteration_predicted_seconds_total"]
     wall = totals["tropical_iteration_wall_seconds_total"]
-    moved = totals.get("tropical_migration_predicted_seconds_total", 0.0)
     scale = compute / predicted if predicted else 1.0
-    transfer = totals["tropical_migration_seconds_sum"] / moved if moved else 1.0
-    return AdjustedModel(profile, scale, max(0.0, (wall - compute) / iterations), transfer)
+    return AdjustedModel(profile, scale, max(0.0, (wall - compute) / iterations))

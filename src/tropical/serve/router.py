@@ -189,8 +189,13 @@ class Router:
             return False
         end = self.clock()
         worker.busy_until = end
-        self._after(worker_id, planner.book(planned, done.tokens, end), end)
+        booked = planner.book(planned, done.tokens, end)
+        self._after(worker_id, booked, end)
         self.metrics.record_iteration(worker_id, self.clock() - start, done.seconds, predicted)
+        if booked.prefilled:
+            # Let the migrations just started send their exports now, so they run at this boundary
+            # instead of waiting behind the worker's next iteration (the simulator moves KV at once).
+            await asyncio.sleep(0)
         return True
 
     async def _call(self, worker_id: int, command: object) -> object | None:

@@ -50,6 +50,8 @@ def _revived(server: LiveServer, worker_id: int, old_pid: int) -> bool:
 
 def test_ray_actors_serve_the_local_backends_tokens_migrating_kv_through_the_object_store(
         server: LiveServer, reference: list[str]) -> None:
+    """``reference`` is the engine's own greedy output, which test_live_policies shows the local
+    backend serving under every policy."""
     before = _counter(server, "tropical_migrations")
     texts, paths = asyncio.run(complete_all(server.url))
     assert texts == reference and set(paths) == {"prefill"}

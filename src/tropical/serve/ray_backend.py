@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ray
+from ray.actor import ActorHandle
 
 from tropical.serve.messages import WorkerLaunch
 from tropical.serve.options import ServeOptions
@@ -47,17 +48,18 @@ class RayBackend:
 
     def spawn(self, launches: Sequence[WorkerLaunch], placements: Sequence[Placement]
               ) -> list[RayWorkerHandle]:
+        """Check that every worker fits some node, then create the actors (not yet ready)."""
         nodes = ray.nodes()
-        handles = []
-        for launch, placement in zip(launches, placements, strict=True):
-            demand = placement.demand(self.cpus, self.gpus)
+        demands = [p.demand(self.cpus, self.gpus) for p in placements]
+        for launch, demand in zip(launches, demands, strict=True):
             check_fits(launch.worker_id, demand, nodes)
-            actor = RemoteWorker.options(
-                num_cpus=demand.get("CPU", 0), num_gpus=demand.get("GPU", 0),
-                resources={k: v for k, v in demand.items() if k not in ("CPU", "GPU")},
-                max_restarts=self.max_restarts).remote(launch)
-            handles.append(RayWorkerHandle(actor, launch.worker_id))
-        return handles
+        return [RayWorkerHandle(self._actor(launch, demand), launch.worker_id)
+                for launch, demand in zip(launches, demands, strict=True)]
+
+    def _actor(self, launch: WorkerLaunch, demand: dict[str, float]) -> ActorHandle:
+        custom = {k: v for k, v in demand.items() if k not in ("CPU", "GPU")}
+        return RemoteWorker.options(num_cpus=demand.get("CPU", 0), num_gpus=demand.get("GPU", 0),
+                                    resources=custom, max_restarts=self.max_restarts).remote(launch)
 
     def close(self) -> None:
         """Disconnect; a Ray instance this server started stops with it."""

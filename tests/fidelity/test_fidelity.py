@@ -11,10 +11,11 @@ from tests.factories import linear_model
 from tropical.bench.plan import PlannedRequest
 from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.latency.shape import BatchShape
+from tropical.core.metrics import tpot, ttft
 from tropical.core.slo import SLO
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS
-from tropical.fidelity.overheads import adjusted
+from tropical.fidelity.overheads import adjusted, frontend_latency
 from tropical.fidelity.run import FidelityConfig, run_policy
 from tropical.fidelity.twin import ServerShape, simulate_twin
 
@@ -40,6 +41,9 @@ def test_adjustment_comes_from_the_servers_counters() -> None:
     model = adjusted(linear_model(), totals)
     assert (model.scale, model.overhead, model.transfer_scale) == pytest.approx((1.5, 0.05, 1.0))
     assert adjusted(linear_model(), {}).scale == 1.0
+    server_ttft = {"tropical_ttft_seconds_count": 4.0, "tropical_ttft_seconds_sum": 0.4}
+    assert frontend_latency(server_ttft, 0.13) == pytest.approx(0.03)
+    assert frontend_latency({}, 0.13) == 0.0
 
 
 @pytest.mark.parametrize("policy", ["colocated", "disagg", "tropical"])
@@ -63,5 +67,14 @@ def test_one_policy_live_and_simulated(tmp_path: Path, profile: str) -> None:
     result = comparison.as_dict()
     assert set(result["relative_error"]) == set(METRICS)
     assert not math.isnan(result["relative_error"]["ttft_p50_s"])
-    assert result["adjustment"]["compute_scale"] > 0 and result["adjustment"]["overhead_s"] >= 0
+    assert result["adjustment"]["compute_scale"] > 0 and result["adjustment"]["iteration_overhead_s"] >= 0
+    assert result["adjustment"]["frontend_s"] >= 0
     assert len(real.planned) == 8
+
+
+def test_frontend_latency_adds_to_ttft_not_tpot() -> None:
+    planned = [PlannedRequest(0, 0.0, 50, 4)]
+    bare = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model())[0]
+    slow = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model(), frontend=0.25)[0]
+    assert ttft(slow) == pytest.approx(ttft(bare) + 0.25) and tpot(slow) == pytest.approx(tpot(bare))
+    assert slow.arrival == 0.0

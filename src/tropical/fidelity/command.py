@@ -9,7 +9,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from tropical.bench.output import write_outputs
 from tropical.fidelity.compare import METRICS, Comparison, relative_errors, values
+from tropical.fidelity.plots import real_cdfs, real_vs_sim
 from tropical.fidelity.run import FidelityConfig, run_study
 from tropical.fidelity.twin import ServerShape
 from tropical.report.tables import render
@@ -50,7 +52,12 @@ def fidelity_main(args: argparse.Namespace) -> int:
     if not args.profile:
         profile = measure_profile(args.model, args.threads, args.profile_grid, out / "profile.json")
         cfg = replace(cfg, profile=str(profile))
-    results = run_study(cfg, out / "logs", progress=lambda m: print(m, file=sys.stderr, flush=True))
+    pairs = run_study(cfg, out / "logs", progress=lambda m: print(m, file=sys.stderr, flush=True))
+    results = [comparison for comparison, _ in pairs]
+    for comparison, run in pairs:
+        write_outputs(run, out / comparison.policy)
+    real_vs_sim(results, out / "real_vs_sim.png")
+    real_cdfs([run for _, run in pairs], [c.policy for c in results], out / "real_latency_cdfs.png")
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     document = {"config": settings, "results": [r.as_dict() for r in results]}
     (out / "fidelity.json").write_text(json.dumps(document, indent=2) + "\n")

@@ -25,13 +25,14 @@ def relative_errors(real: Summary, sim: Summary) -> dict[str, float]:
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """One policy's real run, its twin on the bare profile, and its twin with the serving
-    overheads the server measured (``adjustment``)."""
+    overheads the server measured (``adjustment`` per iteration, ``frontend_s`` per request)."""
 
     policy: str
     real: Summary
     profile_only: Summary
     adjusted: Summary
     adjustment: AdjustedModel
+    frontend_s: float
     goodput_rps: float
 
     def as_dict(self) -> dict[str, object]:
@@ -40,7 +41,7 @@ class Comparison:
                 "relative_error": relative_errors(self.real, self.adjusted),
                 "sim_profile_only": values(self.profile_only),
                 "relative_error_profile_only": relative_errors(self.real, self.profile_only),
-                "adjustment": {"compute_scale": a.scale, "overhead_s": a.overhead,
-                               "transfer_scale": a.transfer_scale},
+                "adjustment": {"compute_scale": a.scale, "iteration_overhead_s": a.overhead,
+                               "frontend_s": self.frontend_s},
                 "real_goodput_rps": self.goodput_rps, "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}

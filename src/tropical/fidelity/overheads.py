@@ -37,3 +37,11 @@ def adjusted(profile: LatencyModel, totals: dict[str, float]) -> AdjustedModel:
     wall = totals["tropical_iteration_wall_seconds_total"]
     scale = compute / predicted if predicted else 1.0
     return AdjustedModel(profile, scale, max(0.0, (wall - compute) / iterations))
+
+
+def frontend_latency(totals: dict[str, float], client_mean_ttft: float) -> float:
+    """Mean client TTFT minus the router's own mean TTFT: what HTTP and the API layer add."""
+    count = totals.get("tropical_ttft_seconds_count", 0.0)
+    if not count or client_mean_ttft != client_mean_ttft:
+        return 0.0
+    return max(0.0, client_mean_ttft - totals["tropical_ttft_seconds_sum"] / count)

@@ -12,7 +12,7 @@ from tropical.bench.run import BenchRun, run_bench
 from tropical.calibration.store import load_profile
 from tropical.core.metrics import summarize
 from tropical.fidelity.compare import Comparison
-from tropical.fidelity.overheads import adjusted, scrape
+from tropical.fidelity.overheads import adjusted, frontend_latency, scrape
 from tropical.fidelity.twin import ServerShape, simulate_twin
 from tropical.serve.process import ServerProcess
 
@@ -53,16 +53,18 @@ def run_policy(cfg: FidelityConfig, policy: str, logs: Path) -> tuple[Comparison
         server.stop()
     profile = load_profile(cfg.profile)
     adjustment = adjusted(profile, totals)
-    twins = [summarize(simulate_twin(real.planned, real.config.slo, policy, cfg.shape, model))
-             for model in (profile, adjustment)]
-    return Comparison(policy, real.summary.core, *twins, adjustment, real.summary.goodput_rps), real
+    frontend = frontend_latency(totals, real.summary.core.ttft.mean)
+    bare = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, profile)
+    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, adjustment, frontend)
+    return Comparison(policy, real.summary.core, summarize(bare), summarize(modeled), adjustment, frontend,
+                      real.summary.goodput_rps), real
 
 
 def run_study(cfg: FidelityConfig, logs: Path,
-              progress: Callable[[str], None] = lambda _: None) -> list[Comparison]:
+              progress: Callable[[str], None] = lambda _: None) -> list[tuple[Comparison, BenchRun]]:
     logs.mkdir(parents=True, exist_ok=True)
     results = []
     for policy in cfg.policies:
         progress(f"{policy}: serving and replaying {cfg.limit} requests ...")
-        results.append(run_policy(cfg, policy, logs)[0])
+        results.append(run_policy(cfg, policy, logs))
     return results

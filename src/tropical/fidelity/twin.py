@@ -38,11 +38,15 @@ class ServerShape:
 
 
 def simulate_twin(planned: Sequence[PlannedRequest], slo: SLO, policy: str, shape: ServerShape,
-                  latency: LatencyModel) -> list[Request]:
-    """Simulate ``planned`` (arrivals at their scheduled send times) on the server's cluster."""
+                  latency: LatencyModel, frontend: float = 0.0) -> list[Request]:
+    """Simulate ``planned`` on the server's cluster. Each request reaches the cluster ``frontend``
+    seconds after it is sent (HTTP, parsing, streaming back), and is timed from its send."""
     chosen, roles = policy_and_roles(shape.options(policy))
     blocks = -(-shape.kv_tokens // shape.block_size)
     workers = [worker_state(i, role, chosen.rules(role), blocks, shape.block_size, latency)
                for i, role in enumerate(roles)]
-    requests = [Request(p.id, p.send_at, p.prompt_len, p.output_len, slo) for p in planned]
-    return Simulator(workers, chosen, requests, shape.max_model_len).run()
+    requests = [Request(p.id, p.send_at + frontend, p.prompt_len, p.output_len, slo) for p in planned]
+    done = Simulator(workers, chosen, requests, shape.max_model_len).run()
+    for req in done:
+        req.arrival -= frontend
+    return done

@@ -79,21 +79,23 @@ class Free:
 
 @dataclass(frozen=True, slots=True)
 class Export:
-    """Copy a sequence's first ``tokens`` tokens of KV into this worker's staging area; replies
-    with the seconds it took."""
+    """Copy a sequence's first ``tokens`` tokens of KV into this worker's staging area from token
+    ``offset`` on; replies with the seconds it took."""
 
     seq_id: int
     tokens: int
+    offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Import:
-    """Copy ``tokens`` tokens of KV from ``source``'s staging area into new blocks for ``seq_id``;
-    replies with the seconds it took."""
+    """Copy ``tokens`` tokens of KV at ``offset`` of ``source``'s staging area into new blocks for
+    ``seq_id``; replies with the seconds it took."""
 
     seq_id: int
     source: StagingArea
     tokens: int
+    offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)

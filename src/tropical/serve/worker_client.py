@@ -20,6 +20,7 @@ from typing import Any
 
 from tropical.serve.messages import Export, Import, Ready, Reply, StagingArea, WorkerLaunch
 from tropical.serve.placement import Placement
+from tropical.serve.staging import StagedKV, StagingSpace
 from tropical.serve.worker_handle import WorkerDied, WorkerError
 from tropical.serve.worker_process import worker_main
 
@@ -43,8 +44,8 @@ class WorkerClient:
         self.on_revive: Callable[[int], None] = lambda _: None
         self._pending: asyncio.Future | None = None
         self._lock = asyncio.Lock()
-        self._staging_lock = asyncio.Lock()
         self._staging: StagingArea | None = None
+        self._space = StagingSpace(0)
 
     @property
     def pid(self) -> int | None:
@@ -60,17 +61,22 @@ class WorkerClient:
             raise WorkerError(reply.error)
         loop.add_reader(self.conn.fileno(), self._on_readable)
         self._staging = reply.value.staging
+        self._space = StagingSpace(self._staging.shape[2])
         return reply.value
 
     @contextlib.asynccontextmanager
-    async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[StagingArea]:
-        """The KV lands in this worker's staging file, which stays ours until the importer is done."""
-        async with self._staging_lock:
-            await self.call(Export(seq_id, tokens))
-            yield self._staging
+    async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[StagedKV]:
+        """The KV lands in a range of this worker's staging file, kept until the importer is done;
+        several exports may wait for their imports at once."""
+        offset = await self._space.reserve(tokens)
+        try:
+            await self.call(Export(seq_id, tokens, offset))
+            yield StagedKV(self._staging, offset)
+        finally:
+            await self._space.release(offset)
 
-    async def import_kv(self, seq_id: int, blob: StagingArea, tokens: int) -> None:
-        await self.call(Import(seq_id, blob, tokens))
+    async def import_kv(self, seq_id: int, blob: StagedKV, tokens: int) -> None:
+        await self.call(Import(seq_id, blob.area, tokens, blob.offset))
 
     def _receive(self) -> Reply:
         try:

@@ -30,7 +30,7 @@ from tropical.serve.messages import (
     StepDone,
     WorkerLaunch,
 )
-from tropical.serve.staging import create_staging, map_staging
+from tropical.serve.staging import STAGED_CONTEXTS, create_staging, map_staging
 
 
 class WorkerRuntime:
@@ -46,7 +46,8 @@ class WorkerRuntime:
         blocks = -(-launch.kv_tokens // launch.block_size)
         cache = PagedKVCache(config, blocks, launch.block_size, dtype, launch.device)
         self.executor = Executor(self.loaded.model, cache)
-        shape = (config.num_hidden_layers, 2, self.max_model_len, config.num_key_value_heads, config.head_dim)
+        staged = STAGED_CONTEXTS * self.max_model_len
+        shape = (config.num_hidden_layers, 2, staged, config.num_key_value_heads, config.head_dim)
         self.area = None if launch.staging_dir is None else create_staging(
             launch.staging_dir, launch.worker_id, shape, dtype)
         self.staging = None if self.area is None else map_staging(self.area)
@@ -93,11 +94,12 @@ class WorkerRuntime:
     def _export(self, command: Export) -> None:
         if self.staging is None:
             raise RuntimeError("this worker has no staging area; its backend moves KV with export_kv")
-        self.staging[:, :, :command.tokens] = self.export_kv(command.seq_id, command.tokens)
+        end = command.offset + command.tokens
+        self.staging[:, :, command.offset:end] = self.export_kv(command.seq_id, command.tokens)
 
     def _import(self, command: Import) -> None:
         source = self._peer(command.source)
-        self.import_kv(command.seq_id, source[:, :, :command.tokens])
+        self.import_kv(command.seq_id, source[:, :, command.offset:command.offset + command.tokens])
 
     def _peer(self, area: StagingArea) -> torch.Tensor:
         if area.path not in self.peers:

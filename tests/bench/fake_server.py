@@ -32,11 +32,13 @@ class Script:
     send_done: bool = True
     send_usage: bool = True
     max_model_len: int | None = 4096
+    token_text: str = " t{i}"
     received: list[dict] = field(default_factory=list)
 
 
 def _event(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+    """JSON as raw UTF-8, as vLLM sends it: a U+2028 in a token's text stays one character."""
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 async def _tokens(script: Script, count: int) -> AsyncIterator[str]:
@@ -47,8 +49,8 @@ async def _tokens(script: Script, count: int) -> AsyncIterator[str]:
         if i:
             await asyncio.sleep(script.gap)
         finish = "length" if i == count - 1 else None
-        yield _event({"object": "text_completion", "model": MODEL,
-                      "choices": [{"index": 0, "text": f" t{i}", "finish_reason": finish}]})
+        choice = {"index": 0, "text": script.token_text.format(i=i), "finish_reason": finish}
+        yield _event({"object": "text_completion", "model": MODEL, "choices": [choice]})
     if script.send_usage:
         yield _event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": count}})
     if script.send_done:

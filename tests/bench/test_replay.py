@@ -65,6 +65,12 @@ def test_without_usage_the_chunks_are_counted(fake_server):
     assert m.usage_tokens is None and m.tokens == 3 and m.error is None
 
 
+def test_unicode_line_breaks_inside_token_text_do_not_split_events(fake_server):
+    script = Script(first_delay=0.0, gap=0.0, token_text=" a\u2028b\x85c\u2029{i}")
+    [m] = run(fake_server(script), [one(output=3)])
+    assert m.error is None and m.tokens == 3 and len(m.chunks) == 3
+
+
 def test_http_errors_are_counted_with_their_status(fake_server):
     ms = run(fake_server(Script(status=500)), [one(rid=0), one(rid=1)])
     assert all(m.error.startswith("HTTP 500") for m in ms)

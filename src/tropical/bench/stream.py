@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import re
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 
 from tropical.bench.record import Measurement
 
 Clock = Callable[[], float]
+LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 async def measure(client: httpx.AsyncClient, body: dict, m: Measurement, clock: Clock,
@@ -33,13 +35,25 @@ async def _stream(client: httpx.AsyncClient, body: dict, m: Measurement, clock: 
             detail = (await resp.aread()).decode(errors="replace")
             m.error = f"HTTP {resp.status_code}: {detail[:200]}"
             return
-        async for line in resp.aiter_lines():
+        async for line in sse_lines(resp):
             data = line.removeprefix("data:").strip() if line.startswith("data:") else None
             if data == "[DONE]":
                 m.saw_done = True
                 return
             if data and not _record(m, data, clock()):
                 return
+
+
+async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
+    """The stream's lines as SSE ends them (CR, LF or CRLF). httpx's ``aiter_lines`` also splits at
+    U+2028, U+0085 and the like, which servers that send JSON as raw UTF-8 (vLLM) put in token text."""
+    pending = ""
+    async for text in resp.aiter_text():
+        *lines, pending = LINE_END.split(pending + text)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
 
 
 def _record(m: Measurement, data: str, now: float) -> bool:

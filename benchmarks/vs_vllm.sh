@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tropical against vLLM's CPU build: the same model directory, trace slice and cores, one server at a time.
 #
-# Usage: bash benchmarks/vs_vllm.sh     (not run in CI: it installs vLLM, ~3.5 GB, and runs ~15 minutes)
+# Usage: bash benchmarks/vs_vllm.sh     (not run in CI: it installs vLLM, ~3.5 GB, and runs ~20 minutes)
 # Knobs (environment): LIMIT, LENGTH_SCALE, RATE_SCALE, SLO_TTFT_MS, SLO_TPOT_MS, SYSTEMS, PORT, OUT.
 # Systems: vllm (its defaults: one core computes, one is kept for its API server), vllm-all-cores (both
 # cores compute), tropical (our default policy), tropical-colocated. Results: $OUT/<system>/summary.json
@@ -17,13 +17,13 @@ MODEL_DIR=$OUT/smollm2
 NAME=smollm2
 PORT=${PORT:-8321}
 DTYPE=float32
-MAX_MODEL_LEN=4096
+MAX_MODEL_LEN=2048
 MAX_BATCHED_TOKENS=2048
-LIMIT=${LIMIT:-80}
+LIMIT=${LIMIT:-50}
 LENGTH_SCALE=${LENGTH_SCALE:-0.05}
-RATE_SCALE=${RATE_SCALE:-0.3}
-SLO_TTFT_MS=${SLO_TTFT_MS:-2000}
-SLO_TPOT_MS=${SLO_TPOT_MS:-200}
+RATE_SCALE=${RATE_SCALE:-0.15}
+SLO_TTFT_MS=${SLO_TTFT_MS:-3000}
+SLO_TPOT_MS=${SLO_TPOT_MS:-300}
 SYSTEMS=${SYSTEMS:-"vllm vllm-all-cores tropical tropical-colocated"}
 START_TIMEOUT_S=900
 URL=http://127.0.0.1:$PORT
@@ -60,13 +60,24 @@ install_vllm() {
     "$VENV/bin/python" -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
 }
 
+vllm_preload() {  # the allocator and OpenMP runtime vLLM's CPU guide preloads; missing ones are named
+    local tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 iomp=$VENV/lib/libiomp5.so libs=()
+    for lib in "$tcmalloc" "$iomp"; do
+        if [[ -f $lib ]]; then libs+=("$lib"); else log "not preloading $lib (absent; vLLM runs slower)"; fi
+    done
+    [[ -f $tcmalloc ]] || log "  tcmalloc comes with: apt-get install libtcmalloc-minimal4"
+    local IFS=:
+    echo "${libs[*]}"
+}
+
 start_server() {  # start_server SYSTEM: serve $MODEL_DIR on $PORT in the background, logging to $OUT
     local system=$1 logfile=$OUT/$1.log
     case $system in
         vllm | vllm-all-cores)
             local reserved=1
             [[ $system == vllm-all-cores ]] && reserved=0
-            VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_NUM_OF_RESERVED_CPU=$reserved \
+            LD_PRELOAD=$(vllm_preload) VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=4 \
+                VLLM_CPU_NUM_OF_RESERVED_CPU=$reserved \
                 setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" \
                 --served-model-name "$NAME" --dtype "$DTYPE" --max-model-len "$MAX_MODEL_LEN" \
                 --max-num-batched-tokens "$MAX_BATCHED_TOKENS" --host 127.0.0.1 --port "$PORT" \

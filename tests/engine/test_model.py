@@ -11,7 +11,7 @@ from tropical.engine.batch import FlatBatch, Span
 from tropical.engine.config import ModelConfig
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.model import LlamaModel
-from tropical.engine.sampling import SamplingParams, make_generator, sample
+from tropical.engine.sampling import SamplingParams, sample, step_generator
 
 HF_KWARGS = dict(
     vocab_size=128,
@@ -197,7 +197,7 @@ def test_greedy_picks_argmax() -> None:
 def _seeded(seed: int, **kwargs: float) -> list[int]:
     logits = torch.randn(4, 128, generator=torch.Generator().manual_seed(7))
     params = [SamplingParams(temperature=1.0, seed=seed, **kwargs) for _ in range(4)]
-    return sample(logits, params, [make_generator(p) for p in params])
+    return sample(logits, params, [step_generator(p, 0) for p in params])
 
 
 def test_same_seed_gives_same_tokens() -> None:

@@ -12,7 +12,7 @@ from typing import Literal
 from tropical.engine.batch import FlatBatch, Span
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.loader import LoadedModel
-from tropical.engine.sampling import SamplingParams, make_generator, sample
+from tropical.engine.sampling import SamplingParams, sample, step_generator
 
 BLOCK_SIZE = 16
 SEQ_ID = 0
@@ -70,12 +70,11 @@ def _decode_loop(
     dtype = next(loaded.model.parameters()).dtype
     blocks = -(-(len(prompt_ids) + budget) // BLOCK_SIZE)
     cache = PagedKVCache(loaded.config, blocks, BLOCK_SIZE, dtype=dtype, device=device)
-    generator = make_generator(params, device)
     eos = set(loaded.tokenizer.eos_token_ids)
     span, ids = Span(SEQ_ID, prompt_ids, 0), []
     while len(ids) < budget:
         logits = loaded.model(FlatBatch.build([span], cache), cache)
-        token = sample(logits, [params], [generator])[0]
+        token = sample(logits, [params], [step_generator(params, len(ids), device)])[0]
         if token in eos:
             return ids, "stop"
         ids.append(token)

@@ -32,13 +32,6 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """A seeded generator for a request that asked for a seed; None means torch's global RNG."""
-    if params.seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(params.seed)
-
-
 def step_generator(params: SamplingParams, step: int, device: torch.device | str = "cpu"
                    ) -> torch.Generator | None:
     """The generator for a seeded request's ``step``-th token: a pure function of (seed, step), so the

@@ -37,7 +37,7 @@ def test_adjusted_model_scales_compute_and_adds_overhead() -> None:
 def test_adjustment_comes_from_the_servers_counters() -> None:
     totals = {"tropical_iterations_total": 10.0, "tropical_iteration_compute_seconds_total": 3.0,
               "tropical_iteration_predicted_seconds_total": 2.0, "tropical_iteration_wall_seconds_total": 3.5,
-              "tropical_migration_predicted_seconds_total": 0.5, "tropical_migration_seconds_sum": 1.0}
+              "tropical_migration_seconds_sum": 1.0}
     model = adjusted(linear_model(), totals)
     assert (model.scale, model.overhead, model.transfer_scale) == pytest.approx((1.5, 0.05, 1.0))
     assert adjusted(linear_model(), {}).scale == 1.0

@@ -51,8 +51,6 @@ class ServerMetrics:
             for kind, doc in (("wall", "Iteration time as the router sees it (plan, round trip, booking)"),
                               ("compute", "Iteration time inside the worker (forward and sampling)"),
                               ("predicted", "Iteration time the latency profile predicted"))}
-        self.migration_predicted = self._counter("tropical_migration_predicted_seconds_total",
-                                                 "KV migration time the latency profile predicted")
         self.worker_labels: dict[int, tuple[str, str, str]] = {}
 
     def _histogram(self, name: str, doc: str) -> Histogram:
@@ -90,8 +88,7 @@ class ServerMetrics:
         for kind, seconds in (("wall", wall), ("compute", compute), ("predicted", predicted)):
             self.iteration_seconds[kind].labels(worker).inc(seconds)
 
-    def record_migration(self, seconds: float, tokens: int, predicted: float = 0.0) -> None:
-        self.migration_predicted.inc(predicted)
+    def record_migration(self, seconds: float, tokens: int) -> None:
         self.migrations.inc()
         self.migrated_tokens.inc(tokens)
         self.migration_seconds.observe(seconds)

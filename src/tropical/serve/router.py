@@ -115,9 +115,13 @@ class Router:
             raise Rejected(503 if error.startswith(NO_LIVE_WORKER) else 400, error)
         handle = RequestHandle.of(req, submission, self.tokenizer)
         self.handles[req.id] = handle
+        self._place(req, submission, now)
+        return handle
+
+    def _place(self, req: Request, submission: Submission, now: float) -> None:
+        """Let the policy place a (new or re-run) request's prefill, with its tokens."""
         seq = EngineSequence(req, list(submission.prompt_ids), submission.params, submission.ignore_eos)
         self._assign(self.policy.on_arrival(req, now, self.workers), {req.id: seq})
-        return handle
 
     def _check_capacity(self) -> None:
         if self.draining:
@@ -264,8 +268,7 @@ class Router:
             self._migration_failed(req, source_id, target, exc)
             return
         req.migration_time = self.clock() - start
-        self.metrics.record_migration(req.migration_time, req.prompt_len,
-                                      self.workers[source_id].latency.transfer_time(req.prompt_len))
+        self.metrics.record_migration(req.migration_time, req.prompt_len)
         seq = self.planners[source_id].remove(req.id)
         self._frees[source_id].append(req.id)
         self._wake(source_id)
@@ -360,8 +363,7 @@ class Router:
             return
         handle.req = req
         self.metrics.record_request("rerun")
-        seq = EngineSequence(req, list(sub.prompt_ids), sub.params, sub.ignore_eos)
-        self._assign(self.policy.on_arrival(req, self.clock(), self.workers), {req.id: seq})
+        self._place(req, sub, self.clock())
 
     def _report(self, worker: WorkerState) -> None:
         used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0

@@ -6,31 +6,12 @@ of new tokens after `cached` tokens already in the KV cache.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
 
 from tropical.engine.kv_cache import PagedKVCache
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """New tokens of one sequence, placed after `cached` tokens already in the cache."""
-
-    seq_id: Hashable
-    token_ids: list[int]
-    cached: int
-
-    def __post_init__(self) -> None:
-        if not self.token_ids:
-            raise ValueError(f"span of sequence {self.seq_id!r} has no new tokens")
-        if self.cached < 0:
-            raise ValueError(f"span of sequence {self.seq_id!r} has negative cached count {self.cached}")
-
-    @property
-    def total(self) -> int:
-        return self.cached + len(self.token_ids)
+from tropical.sched.step import Span
 
 
 @dataclass(slots=True)

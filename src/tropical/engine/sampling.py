@@ -3,33 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 switch those filters off."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.seed is not None and self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from tropical.core.sampling import SamplingParams
 
 
 def step_generator(params: SamplingParams, step: int, device: torch.device | str = "cpu"

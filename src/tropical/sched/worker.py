@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
 
+from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.model import LatencyModel, prefill_time
 from tropical.core.request import Request
 from tropical.sched.kv import KVPool
@@ -194,7 +195,11 @@ class WorkerState:
         return True
 
     def abort(self, req: Request) -> None:
-        """Drop ``req`` from this worker wherever it is, freeing its KV."""
+        """Drop ``req`` from this worker wherever it is (queued, decoding, or migrating in, landed
+        or not), freeing its KV."""
+        self.incoming.pop(req.id, None)
+        if req in self.inbox:
+            self.inbox.remove(req)
         if req in self.waiting:
             if list(self.waiting).index(req) >= self.batch_prefills:
                 self._add_queued_work(req, -1)
@@ -211,3 +216,15 @@ class WorkerState:
             self._finishes = [f for f in self._finishes if f[2] is not req]
             heapq.heapify(self._finishes)
         self.release(req)
+
+
+# A real engine measures time instead of predicting it; a WorkerState only prices work for the TPOT
+# guard and for prefill-only workers, so a colocated engine without a profile runs unpriced.
+UNPRICED = FittedModel(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, transfer_bandwidth=1.0)
+
+
+def worker_state(worker_id: int, role: Role, rules: BatchRules, cache_blocks: int, block_size: int,
+                 latency: LatencyModel = UNPRICED) -> WorkerState:
+    """A WorkerState whose KV pool mirrors an engine cache of ``cache_blocks`` blocks."""
+    return WorkerState(worker_id, role, rules, KVPool(capacity_blocks=cache_blocks, block_size=block_size),
+                       latency)

@@ -6,7 +6,7 @@ does not know; every refusal is a 400 naming the field.
 
 from __future__ import annotations
 
-from tropical.engine.sampling import SamplingParams
+from tropical.core.sampling import SamplingParams
 from tropical.engine.tokenizer import Tokenizer
 from tropical.serve.protocol import APIError, GenerationRequest
 from tropical.serve.streams import Submission

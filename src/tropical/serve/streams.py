@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
-from tropical.engine.sampling import SamplingParams
+from tropical.core.sampling import SamplingParams
 from tropical.serve.detokenize import Decoder, TextStream
 
 

@@ -1,7 +1,7 @@
 """Discrete-event simulation of a cluster on a virtual clock.
 
-The simulator owns time and KV transfers; scheduling is the sched layer's: the same policy
-objects and the same per-worker batch formation the server uses. Between two events a worker's
+The simulator owns time and KV transfers; scheduling is sched's ``Cluster``, the same one the
+server drives. Between two events a worker's
 decode iterations differ only by growing contexts, so a run of them is priced in closed form
 (see ``DecodeRun``) and cut short at the next iteration boundary when new work reaches it.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import attains
 from tropical.core.request import Request
-from tropical.sched.admission import admission_error
-from tropical.sched.batching import Batch, form_batch
-from tropical.sched.policy import Policy, apply
+from tropical.sched.batching import Batch
+from tropical.sched.cluster import Booking, Cluster, Effect, Fail, Migrate, Wake
+from tropical.sched.policy import Policy
 from tropical.sched.worker import WorkerState
 from tropical.sim.decode_run import DecodeRun
 
@@ -32,7 +32,7 @@ class Flight:
     start: float
     end: float
     version: int
-    batch: Batch | None = None
+    batch: Batch
     run: DecodeRun | None = None
 
 
@@ -56,9 +56,9 @@ class Simulator:
         search only needs to know the target is out of reach); the rest are marked failed.
         ``truth``: the latency models that time execution, one per worker, when the policy's
         predictors (the workers' ``latency``) are not exact."""
-        self.workers = list(workers)
+        self.cluster = Cluster(workers, policy, max_context, settle=self._settle_all)
+        self.workers = self.cluster.workers
         self.truth = list(truth) if truth is not None else [w.latency for w in self.workers]
-        self.max_context = max_context
         self.miss_budget = miss_budget
         self.misses = 0
         self.policy = policy
@@ -69,7 +69,6 @@ class Simulator:
         self._seq = itertools.count()
         self._flights: dict[int, Flight] = {}
         self._versions = itertools.count()
-        self._stalled: list[tuple[Request, WorkerState]] = []
 
     def run(self) -> list[Request]:
         """Simulate until every request has finished or failed; returns them in arrival order."""
@@ -92,26 +91,13 @@ class Simulator:
     def _out_of_budget(self) -> bool:
         return self.miss_budget is not None and self.misses > self.miss_budget
 
-    def _first_token(self, req: Request) -> None:
-        """A late first token is a certain miss."""
-        self.misses += req.first_token - req.arrival > req.slo.ttft
-
-    def _finished(self, requests: Sequence[Request]) -> bool:
-        """Count TPOT misses of requests whose TTFT was on time; True if any finished."""
-        self.misses += sum(r.first_token - r.arrival <= r.slo.ttft and not attains(r) for r in requests)
-        return bool(requests)
-
     def _push(self, time: float, kind: int, payload: tuple) -> None:
         heapq.heappush(self._events, (time, next(self._seq), kind, payload))
 
     def _arrive(self, req: Request) -> None:
-        error = admission_error(req, self.workers, self.max_context)
-        if error is not None:
-            req.fail(self.now, error)
-            return
-        self._settle_all()
-        self._apply(self.policy.on_arrival(req, self.now, self.workers))
-        self._honor_checks()
+        self._carry_out(self.cluster.arrive(req, self.now))
+        if req.error is None:
+            self._honor_checks()
 
     def _run_length(self, worker: WorkerState) -> int:
         """Decode iterations to run in closed form: up to the next finish, or fewer when the
@@ -129,12 +115,16 @@ class Simulator:
             if flight.run is not None:
                 self._cut_run(self.workers[worker_id], self._run_length(self.workers[worker_id]))
 
-    def _apply(self, assignments: list) -> None:
-        """Hand over every decision first, then wake the workers: prefills the policy planned
-        for one iteration must start together."""
-        woken = {apply(a, self.workers).id: None for a in assignments}
-        for worker_id in woken:
-            self._wake(self.workers[worker_id])
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Do what the cluster asks: wake workers, start KV transfers, fail requests (KV frees are
+        the scheduling state's alone here)."""
+        for effect in effects:
+            if isinstance(effect, Wake):
+                self._wake(self.workers[effect.worker_id])
+            elif isinstance(effect, Migrate):
+                self._transfer(effect)
+            elif isinstance(effect, Fail):
+                effect.request.fail(self.now, effect.reason)
 
     def _wake(self, worker: WorkerState) -> None:
         """New work reached ``worker``: start it if idle, else end its decode run early."""
@@ -146,23 +136,18 @@ class Simulator:
     def _start(self, worker: WorkerState) -> None:
         if worker.id in self._flights or not worker.alive:
             return
-        worker.admit_inbox()
-        batch = form_batch(worker, self.now)
-        if batch.is_empty:
+        batch = self.cluster.plan(worker.id, self.now)
+        if batch is None:
             return
         version = next(self._versions)
         if batch.decode_only:
-            steps = self._run_length(worker)
-            run = DecodeRun.start(worker, steps, self.truth[worker.id])
-            flight = Flight(self.now, self.now + run.duration, version, run=run)
-            worker.busy_until = self.now + run.iteration(1)
+            run = DecodeRun.start(worker, self._run_length(worker), self.truth[worker.id])
+            flight = Flight(self.now, self.now + run.duration, version, batch, run)
+            self.cluster.expect_end(worker.id, self.now + run.iteration(1))
         else:
-            for req, _, _ in batch.prefills:
-                if req.prefill_start is None:
-                    req.prefill_start = self.now
             duration = self.truth[worker.id].iteration_time(batch.shape)
-            flight = Flight(self.now, self.now + duration, version, batch=batch)
-            worker.busy_until = flight.end
+            flight = Flight(self.now, self.now + duration, version, batch)
+            self.cluster.expect_end(worker.id, flight.end)
         self._flights[worker.id] = flight
         self._push(flight.end, _ITER_END, (worker.id, version))
 
@@ -175,12 +160,12 @@ class Simulator:
             done = run.completed_by(self.now - flight.start)
             if done:
                 elapsed = run.elapsed(done)
-                self.workers[worker_id].advance_decodes(done, flight.start + elapsed)
+                self.cluster.advance(worker_id, done, flight.start + elapsed)
                 self.stats[worker_id].busy += elapsed
                 self.stats[worker_id].iterations += done
                 flight.start += elapsed
                 flight.run = run.rest_after(done)
-                self.workers[worker_id].busy_until = flight.start + flight.run.iteration(1)
+                self.cluster.expect_end(worker_id, flight.start + flight.run.iteration(1))
 
     def _cut_run(self, worker: WorkerState, steps: int | None = None) -> None:
         """Shorten a decode run: to ``steps`` iterations, or else to end at the first iteration
@@ -199,57 +184,31 @@ class Simulator:
         if flight is None or flight.version != version:
             return
         del self._flights[worker_id]
-        worker = self.workers[worker_id]
         stats = self.stats[worker_id]
         stats.busy += flight.end - flight.start
-        if flight.run is not None:
-            stats.iterations += flight.run.steps
-            freed = self._finished(worker.advance_decodes(flight.run.steps, self.now))
-        else:
-            stats.iterations += 1
-            freed = self._finish_batch(worker, flight.batch)
-        worker.busy_until = self.now
-        if freed:
-            self._retry_stalled()
+        steps = 1 if flight.run is None else flight.run.steps
+        stats.iterations += steps
+        stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
+        booking = self.cluster.book(worker_id, flight.batch, self.now, steps)
+        self._count_misses(booking)
+        self._carry_out(booking.effects)
         if self.policy.observes_iterations:
-            self._settle_all()
-            self._apply(self.policy.on_iteration_end(worker, self.now, self.workers))
             self._honor_checks()
-        self._start(worker)
+        self._start(self.workers[worker_id])
 
-    def _finish_batch(self, worker: WorkerState, batch: Batch) -> bool:
-        """Book a finished batch; returns True when some KV was freed."""
-        freed = bool(batch.decode_count) and self._finished(worker.advance_decodes(1, self.now))
-        for req, new, _ in batch.prefills:
-            self.stats[worker.id].prefill_tokens += new
-            if worker.complete_prefill(req, new, self.now):
-                self._first_token(req)
-                freed |= req.finish is not None
-                if not worker.role.decodes and req.finish is None:
-                    self._migrate(req, worker)
-        return freed
+    def _count_misses(self, booking: Booking) -> None:
+        """A late first token is a certain miss; a request finished on time may still miss TPOT."""
+        self.misses += sum(r.first_token - r.arrival > r.slo.ttft for r in booking.prefilled)
+        self.misses += sum(r.first_token - r.arrival <= r.slo.ttft and not attains(r)
+                           for r, _ in booking.finished)
 
-    def _migrate(self, req: Request, source: WorkerState) -> None:
-        self._settle_all()
-        target = self.policy.decode_worker(req, self.workers, self.now)
-        if target is None:
-            self._stalled.append((req, source))
-            return
-        target.expect_migration(req)
-        req.migration_time = self.truth[source.id].transfer_time(req.prompt_len)
-        self._push(self.now + req.migration_time, _MIGRATED, (req, source.id, target.id))
+    def _transfer(self, move: Migrate) -> None:
+        req = move.request
+        req.migration_time = self.truth[move.source].transfer_time(req.prompt_len)
+        self._push(self.now + req.migration_time, _MIGRATED, (req, move.source, move.target))
 
     def _migrated(self, req: Request, source_id: int, target_id: int) -> None:
-        source, target = self.workers[source_id], self.workers[target_id]
-        source.release(req)
-        target.arrive_migrated(req)
-        self._wake(target)
-        self._start(source)
-
-    def _retry_stalled(self) -> None:
-        stalled, self._stalled = self._stalled, []
-        for req, source in stalled:
-            self._migrate(req, source)
+        self._carry_out(self.cluster.migrated(req, source_id, target_id))
 
     def _fail_leftovers(self) -> None:
         reason = ("not simulated: the miss budget was exhausted" if self._out_of_budget()

@@ -1,0 +1,256 @@
+"""The cluster's scheduling state and the events that change it, shared by every substrate.
+
+A substrate owns time and execution: the simulator's event heap, the router's asyncio drivers, a
+single engine worker. It tells the Cluster what happened (a request arrived, a worker is about to
+run an iteration or finished one, KV landed, a client left, a worker died or came back) and carries
+out the effects the Cluster returns: wake a worker, move a request's KV, free KV in a worker's cache,
+fail a request. Admission, apply-then-wake, stamping the prefill start, booking an iteration,
+migrate-or-stall, retrying stalled migrations and the iteration-end gate are written here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from tropical.core.request import Request
+from tropical.sched.admission import admission_error
+from tropical.sched.batching import Batch, form_batch
+from tropical.sched.policy import Assignment, Policy, apply
+from tropical.sched.worker import WorkerState, worker_state
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    """The policy placed ``request``'s prefill on ``worker_id`` (its path is on the request)."""
+
+    request: Request
+    worker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """New work reached ``worker_id``: start an iteration if it is idle, or cut a decode run short."""
+
+    worker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move ``request``'s KV from ``source`` to ``target`` (room is reserved there), then report
+    ``migrated`` (or ``migration_failed``)."""
+
+    request: Request
+    source: int
+    target: int
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """Drop ``request_id``'s KV from ``worker_id``'s cache (the scheduling state already has)."""
+
+    worker_id: int
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """``request`` cannot be served: end it with ``reason``."""
+
+    request: Request
+    reason: str
+
+
+Effect = Assigned | Wake | Migrate | Free | Fail
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """What an iteration changed: requests that ended (with "length" or "eos"), prompts that
+    completed (their first token is out), and what the substrate must do next."""
+
+    finished: list[tuple[Request, str]]
+    prefilled: list[Request]
+    effects: list[Effect]
+
+
+def no_settle() -> None:
+    """The default ``settle``: worker states are exact whenever a substrate calls in."""
+
+
+class Cluster:
+    """Workers' scheduling states and the policy that places requests on them.
+
+    ``settle`` runs before every policy decision; the simulator books the decode iterations its
+    closed-form runs completed by then, so policies see exact worker states.
+    """
+
+    def __init__(self, workers: Sequence[WorkerState], policy: Policy, max_context: int | None = None,
+                 settle: Callable[[], None] = no_settle) -> None:
+        self.workers = list(workers)
+        self.policy = policy
+        self.max_context = max_context
+        self.settle = settle
+        self.stalled: list[tuple[Request, int]] = []
+        self._at: dict[int, tuple[Request, int]] = {}
+
+    def where(self, rid: int) -> int | None:
+        """The worker that holds (or is about to hold) request ``rid``."""
+        entry = self._at.get(rid)
+        return None if entry is None else entry[1]
+
+    def on_worker(self, worker_id: int) -> list[Request]:
+        """Every request whose work or KV is on ``worker_id`` (queued, decoding, stalled, arriving)."""
+        return [req for req, at in self._at.values() if at == worker_id]
+
+    def admission_error(self, req: Request) -> str | None:
+        return admission_error(req, self.workers, self.max_context)
+
+    def arrive(self, req: Request, now: float) -> list[Effect]:
+        """A new request (or one re-run after its worker died): refuse it or let the policy place it."""
+        error = self.admission_error(req)
+        if error is not None:
+            return [Fail(req, error)]
+        self.settle()
+        return self._assign(self.policy.on_arrival(req, now, self.workers))
+
+    def _assign(self, assignments: Iterable[Assignment]) -> list[Effect]:
+        """Hand over every decision first, then wake the workers: prefills the policy planned for
+        one iteration must start together."""
+        effects: list[Effect] = []
+        for a in assignments:
+            self._at[a.request.id] = (a.request, apply(a, self.workers).id)
+            effects.append(Assigned(a.request, a.worker_id))
+        woken = dict.fromkeys(e.worker_id for e in effects)
+        return effects + [Wake(w) for w in woken]
+
+    def plan(self, worker_id: int, now: float) -> Batch | None:
+        """The iteration ``worker_id`` starts at ``now`` (None: nothing to run). Landed KV joins the
+        decode batch first; prompts that start now get their prefill start stamped."""
+        worker = self.workers[worker_id]
+        worker.admit_inbox()
+        batch = form_batch(worker, now)
+        if batch.is_empty:
+            return None
+        for req, _, _ in batch.prefills:
+            if req.prefill_start is None:
+                req.prefill_start = now
+        return batch
+
+    def expect_end(self, worker_id: int, until: float) -> None:
+        """The worker's current iteration should end at ``until`` (what the policy plans around)."""
+        self.workers[worker_id].busy_until = until
+
+    def advance(self, worker_id: int, steps: int, now: float) -> None:
+        """Book ``steps`` decode iterations of a run still in flight (none of them finishes a request)."""
+        finished = self.workers[worker_id].advance_decodes(steps, now)
+        if finished:
+            raise RuntimeError(f"worker {worker_id}: a decode run was settled past a finish")
+
+    def book(self, worker_id: int, batch: Batch, now: float, steps: int = 1,
+             eos: Iterable[int] = ()) -> Booking:
+        """``batch`` ran (``steps`` times, for a decode-only batch) and ended at ``now``.
+
+        Decodes are booked first, then prompts; requests in ``eos`` sampled an end-of-sequence
+        token and stop unless a length limit finished them already. Prompts done on a worker that
+        does not decode migrate; freed KV retries stalled migrations; then the policy looks.
+        """
+        worker = self.workers[worker_id]
+        worker.busy_until = now
+        finished = [(r, "length") for r in worker.advance_decodes(steps, now)] if batch.decode_count else []
+        prefilled = [req for req, new, _ in batch.prefills if worker.complete_prefill(req, new, now)]
+        finished += [(req, "length") for req in prefilled if req.finish is not None]
+        finished += [(req, "eos") for req in self._stop_at_eos(worker, eos, now)]
+        effects: list[Effect] = []
+        for req, _ in finished:
+            del self._at[req.id]
+            effects.append(Free(worker_id, req.id))
+        if not worker.role.decodes:
+            for req in prefilled:
+                if req.finish is None:
+                    effects += self._migrate(req, worker_id, now)
+        if finished:
+            effects += self._retry_stalled(now)
+        if self.policy.observes_iterations:
+            self.settle()
+            effects += self._assign(self.policy.on_iteration_end(worker, now, self.workers))
+        return Booking(finished, prefilled, effects)
+
+    def _stop_at_eos(self, worker: WorkerState, rids: Iterable[int], now: float) -> list[Request]:
+        """End requests early: abort frees their KV and drops them from the decode batch (they
+        keep ``generated`` as booked so far); they finish now like a normal finish."""
+        stopped = []
+        for rid in rids:
+            req = self._at[rid][0]
+            if req.finish is None:
+                worker.abort(req)
+                req.finish = now
+                stopped.append(req)
+        return stopped
+
+    def _migrate(self, req: Request, source_id: int, now: float) -> list[Effect]:
+        """Pick a decoding worker with room for a prefilled request, or stall it until one frees KV."""
+        self.settle()
+        target = self.policy.decode_worker(req, self.workers, now)
+        if target is not None:
+            target.expect_migration(req)
+            self._at[req.id] = (req, target.id)
+            return [Migrate(req, source_id, target.id)]
+        if any(w.alive and w.role.decodes for w in self.workers):
+            self.stalled.append((req, source_id))
+            return []
+        return self._drop(req, source_id, "no live worker is left to decode it")
+
+    def _retry_stalled(self, now: float) -> list[Effect]:
+        stalled, self.stalled = self.stalled, []
+        return [e for req, source_id in stalled for e in self._migrate(req, source_id, now)]
+
+    def migrated(self, req: Request, source_id: int, target_id: int) -> list[Effect]:
+        """``req``'s KV landed on ``target_id``: the source frees it, and the request joins the
+        target's batch at its next boundary, unless it was aborted on the way."""
+        source, target = self.workers[source_id], self.workers[target_id]
+        source.release(req)
+        if req.id not in target.incoming:
+            return [Free(source_id, req.id), Free(target_id, req.id), Wake(source_id)]
+        target.arrive_migrated(req)
+        return [Free(source_id, req.id), Wake(target_id), Wake(source_id)]
+
+    def migration_failed(self, req: Request, source_id: int, target_id: int, reason: str) -> list[Effect]:
+        """The KV move broke: free what either side holds and fail the request."""
+        self.workers[target_id].abort(req)
+        return [Free(target_id, req.id), Wake(target_id), *self._drop(req, source_id, reason)]
+
+    def _drop(self, req: Request, worker_id: int, reason: str) -> list[Effect]:
+        self.workers[worker_id].abort(req)
+        self._at.pop(req.id, None)
+        return [Free(worker_id, req.id), Wake(worker_id), Fail(req, reason)]
+
+    def abort(self, rid: int, now: float) -> list[Effect]:
+        """The client left: drop the request wherever it is (call between the iterations of the
+        worker that holds it); the KV it frees may let queued prompts and stalled migrations run."""
+        entry = self._at.pop(rid, None)
+        if entry is None:
+            return []
+        req, worker_id = entry
+        self.stalled = [(r, s) for r, s in self.stalled if r.id != rid]
+        landed = req.id not in self.workers[worker_id].incoming or req in self.workers[worker_id].inbox
+        self.workers[worker_id].abort(req)
+        effects: list[Effect] = [Free(worker_id, rid)] if landed else []
+        return effects + [Wake(worker_id), *self._retry_stalled(now)]
+
+    def worker_died(self, worker_id: int) -> list[Request]:
+        """Take a dead worker out of the policy's view; returns the requests it took with it."""
+        self.workers[worker_id].alive = False
+        lost = self.on_worker(worker_id)
+        for req in lost:
+            del self._at[req.id]
+        self.stalled = [(r, s) for r, s in self.stalled if s != worker_id]
+        return lost
+
+    def worker_revived(self, worker_id: int, now: float) -> list[Effect]:
+        """A restarted worker serves again with an empty cache: a fresh state under its old role,
+        rules, latency and cache size; stalled migrations may now find room on it."""
+        old = self.workers[worker_id]
+        self.workers[worker_id] = worker_state(worker_id, old.role, old.rules, old.kv.capacity_blocks,
+                                               old.kv.block_size, old.latency)
+        return self._retry_stalled(now)

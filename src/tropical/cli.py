@@ -108,9 +108,9 @@ def _torch_dtype(name: str) -> object:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from tropical.core.sampling import SamplingParams
     from tropical.engine.generate import generate
     from tropical.engine.loader import load_model
-    from tropical.core.sampling import SamplingParams
 
     loaded = load_model(args.model, dtype=_torch_dtype(args.dtype), device=args.device)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)

@@ -92,7 +92,7 @@ def test_finish_at_max_tokens_frees_kv(model: LlamaModel) -> None:
     finished, reports = _drain(worker)
     assert len(reports) == 3 and finished[0].reason == "length" and len(finished[0].token_ids) == 3
     assert worker.cache.used_blocks == 0 and worker.state.kv.used_blocks == 0
-    assert not worker.cache.has(0) and not worker.state.holds and not worker.planner.sequences
+    assert not worker.cache.has(0) and not worker.state.holds and not worker.sequences
     assert finished[0].req.generated == 3 and finished[0].req.finish is not None
 
 

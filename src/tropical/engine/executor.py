@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from tropical.engine.batch import FlatBatch
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.model import LlamaModel
-from tropical.engine.planner import StepSpec
 from tropical.engine.sampling import sample, step_generator
+from tropical.sched.step import StepSpec
 
 
 class Executor:

@@ -1,9 +1,9 @@
-"""One engine worker in one process: a StepPlanner in front of an Executor.
+"""One engine worker in one process: a one-worker sched ``Cluster`` in front of an Executor.
 
-Each step is schedule (sched's ``form_batch``, the same code the simulator runs), run (one forward
-over the batch's spans, then sampling), post-process (book progress on the WorkerState exactly as
-the simulator does, free finished requests' KV). The WorkerState's KVPool mirrors the engine cache
-block for block, so a batch the scheduler admits always fits the cache.
+Each step is schedule (``Cluster.plan``, the same code the simulator and the router run), run (one
+forward over the batch's spans, then sampling), post-process (``Cluster.book`` books progress
+exactly as the simulator does, then finished requests' KV is freed). The WorkerState's KVPool
+mirrors the engine cache block for block, so a batch the scheduler admits always fits the cache.
 """
 
 from __future__ import annotations
@@ -11,22 +11,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
+from tropical.core.sampling import SamplingParams
 from tropical.engine.executor import Executor
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.model import LlamaModel
-from tropical.engine.planner import FinishedRequest, Sequence, StepPlanner
-from tropical.engine.sampling import SamplingParams
-from tropical.sched.kv import KVPool
+from tropical.sched.baselines import ColocatedPolicy
+from tropical.sched.batching import Batch
+from tropical.sched.cluster import Cluster, Fail
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.worker import WorkerState
+from tropical.sched.step import TokenSequence, record_tokens, step_spec
+from tropical.sched.worker import UNPRICED, WorkerState, worker_state
 
-# The engine measures time instead of predicting it; the WorkerState only prices work for the TPOT
-# guard and for prefill-only workers, so a colocated engine without a profile runs unpriced.
-UNPRICED = FittedModel(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, transfer_bandwidth=1.0)
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """A request that ended; ``reason`` is "length" (max tokens) or "eos"."""
+
+    req: Request
+    token_ids: list[int]
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +50,6 @@ class IterationReport:
     finished: list[FinishedRequest]
 
 
-def worker_state(worker_id: int, role: Role, rules: BatchRules, cache_blocks: int, block_size: int,
-                 latency: LatencyModel = UNPRICED) -> WorkerState:
-    """A WorkerState whose KV pool mirrors an engine cache of ``cache_blocks`` blocks."""
-    pool = KVPool(capacity_blocks=cache_blocks, block_size=block_size)
-    return WorkerState(worker_id, role, rules, pool, latency)
-
-
 class EngineWorker:
     """A model, its paged cache and the scheduler state that decides each batch."""
 
@@ -60,11 +59,13 @@ class EngineWorker:
         self.executor = Executor(model, cache)
         state = worker_state(worker_id, Role.COLOCATED, rules or BatchRules(), cache.num_blocks,
                              cache.block_size, latency)
-        self.planner = StepPlanner(state, eos_ids)
+        self.cluster = Cluster([state], ColocatedPolicy(state.rules.token_budget))
+        self.eos_ids = eos_ids
+        self.sequences: dict[int, TokenSequence] = {}
 
     @property
     def state(self) -> WorkerState:
-        return self.planner.state
+        return self.cluster.workers[0]
 
     @property
     def cache(self) -> PagedKVCache:
@@ -72,22 +73,26 @@ class EngineWorker:
 
     @property
     def has_work(self) -> bool:
-        return self.planner.has_work
+        return bool(self.state.waiting or self.state.running)
 
     def submit(self, req: Request, prompt_ids: list[int], sampling: SamplingParams) -> None:
-        """Queue ``req``; its ``output_len`` is the max tokens to generate."""
-        self.planner.add(Sequence(req, list(prompt_ids), sampling))
-        self.state.enqueue(req)
+        """Queue ``req``; its ``output_len`` is the max tokens to generate. Raises ValueError for a
+        request this worker can never hold."""
+        if req.id in self.sequences:
+            raise ValueError(f"request {req.id} is already on worker {self.state.id}")
+        seq = TokenSequence(req, list(prompt_ids), sampling)
+        refused = next((e.reason for e in self.cluster.arrive(req, req.arrival) if isinstance(e, Fail)), None)
+        if refused is not None:
+            raise ValueError(f"request {req.id}: {refused}")
+        self.sequences[req.id] = seq
 
     def step(self, now: float) -> IterationReport:
         """Form, run and book one iteration that starts at ``now`` (seconds on the caller's clock)."""
-        planned = self.planner.plan(now)
+        batch = self.cluster.plan(self.state.id, now)
         start = time.perf_counter()
-        tokens = self.executor.run(planned.spec) if planned is not None else {}
+        finished = self._run(batch, now) if batch is not None else []
         duration = time.perf_counter() - start
-        finished = self.planner.book(planned, tokens, now + duration).finished if planned else []
         self.executor.free(f.req.id for f in finished)
-        batch = planned.batch if planned else None
         return IterationReport(
             duration=duration,
             shape=batch.shape if batch else BatchShape.of_batch([], 0, 0),
@@ -99,3 +104,12 @@ class EngineWorker:
             running=len(self.state.running),
             finished=finished,
         )
+
+    def _run(self, batch: Batch, now: float) -> list[FinishedRequest]:
+        """Execute ``batch`` and book it; the requests it finished, with their tokens."""
+        start = time.perf_counter()
+        tokens = self.executor.run(step_spec(batch, self.state.running, self.sequences))
+        eos = record_tokens(tokens, self.sequences, self.eos_ids)
+        booking = self.cluster.book(self.state.id, batch, now + time.perf_counter() - start, eos=eos)
+        return [FinishedRequest(req, self.sequences.pop(req.id).output, reason)
+                for req, reason in booking.finished]

@@ -10,7 +10,7 @@ from tropical.bench.plan import PlannedRequest
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO
-from tropical.engine.runner import worker_state
+from tropical.sched.worker import worker_state
 from tropical.serve.options import ServeOptions, policy_and_roles
 from tropical.sim.simulator import Simulator
 

@@ -222,7 +222,8 @@ class Cluster:
 
     def _drop(self, req: Request, worker_id: int, reason: str) -> list[Effect]:
         self.workers[worker_id].abort(req)
-        self._at.pop(req.id, None)
+        if self._at.get(req.id, (None,))[0] is req:
+            del self._at[req.id]
         return [Free(worker_id, req.id), Wake(worker_id), Fail(req, reason)]
 
     def abort(self, rid: int, now: float) -> list[Effect]:
@@ -238,14 +239,15 @@ class Cluster:
         effects: list[Effect] = [Free(worker_id, rid)] if landed else []
         return effects + [Wake(worker_id), *self._retry_stalled(now)]
 
-    def worker_died(self, worker_id: int) -> list[Request]:
-        """Take a dead worker out of the policy's view; returns the requests it took with it."""
+    def worker_died(self, worker_id: int, now: float) -> tuple[list[Request], list[Effect]]:
+        """Take a dead worker out of the policy's view; returns the requests it took with it, and
+        what retrying the stalled migrations without it does (with no decoder left, they fail)."""
         self.workers[worker_id].alive = False
         lost = self.on_worker(worker_id)
         for req in lost:
             del self._at[req.id]
         self.stalled = [(r, s) for r, s in self.stalled if s != worker_id]
-        return lost
+        return lost, self._retry_stalled(now)
 
     def worker_revived(self, worker_id: int, now: float) -> list[Effect]:
         """A restarted worker serves again with an empty cache: a fresh state under its old role,

@@ -16,7 +16,7 @@ from tropical.calibration.store import load_profile
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.slo import SLOSpec
 from tropical.engine.loader import cache_root
-from tropical.engine.runner import worker_state
+from tropical.sched.worker import worker_state
 from tropical.serve.messages import Profile, Ready, WorkerLaunch
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.options import ServeOptions, placements, policy_and_roles

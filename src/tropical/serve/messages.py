@@ -8,11 +8,13 @@ name and shape cross the pipe.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tropical.engine.config import ModelConfig
-from tropical.engine.planner import StepSpec
-from tropical.engine.tokenizer import Tokenizer
+from tropical.sched.step import StepSpec
+
+if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router must not
+    from tropical.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)

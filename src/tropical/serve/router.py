@@ -1,12 +1,12 @@
-"""The router's cluster: the same policy object and per-worker batch formation as the simulator,
-driven by a real clock and real worker processes.
+"""The router: asyncio, HTTP streams and worker handles around sched's ``Cluster``.
 
-Each worker has a driver task: plan a step (sched's ``form_batch`` on this router's copy of the
-worker's state), send it, book the sampled tokens as the simulator books an iteration, stream
-them, then let the policy look (iteration ends, migrations). Aborts and finished requests free
-KV in the worker's next command. A worker that dies fails its requests and leaves the policy's
-view (``alive``); the others keep serving. A worker its backend restarts (Ray) comes back with
-an empty KV cache: a fresh state under its old role, a new planner and driver (``revive``).
+The Cluster decides (the same one the simulator drives); the router carries out its effects on
+real worker processes. Each worker has a driver task: plan a step (``Cluster.plan``), send it with
+the request tokens (``sched.step``), book the sampled tokens (``Cluster.book``), stream them, then
+do what the booking asks: migrate KV, free KV, wake workers. Aborts are applied between the
+iterations of the worker holding the request. A worker that dies fails or re-runs its requests and
+leaves the policy's view; one its backend restarts (Ray) comes back with an empty KV cache
+(``revive``).
 """
 
 from __future__ import annotations
@@ -16,21 +16,24 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO, SLOSpec
-from tropical.engine.planner import Booked, StepPlanner
-from tropical.engine.planner import Sequence as EngineSequence
-from tropical.engine.runner import worker_state
-from tropical.engine.tokenizer import Tokenizer
-from tropical.sched.admission import NO_LIVE_WORKER, admission_error
-from tropical.sched.policy import Assignment, Policy, apply
+from tropical.sched.admission import NO_LIVE_WORKER
+from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrate, Wake
+from tropical.sched.policy import Policy
+from tropical.sched.step import TokenSequence, record_tokens, step_spec
 from tropical.sched.worker import WorkerState
-from tropical.serve.messages import Free, Step, StepDone
+from tropical.serve.messages import Free as FreeKV
+from tropical.serve.messages import Step, StepDone
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.streams import RequestHandle, Submission
 from tropical.serve.worker_handle import WorkerDied, WorkerError, WorkerHandle
+
+if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router does not
+    from tropical.engine.tokenizer import Tokenizer
 
 
 class Rejected(Exception):
@@ -53,34 +56,35 @@ class RouterSettings:
 
 
 class Router:
-    """Workers' states, their planners and processes, and the policy that assigns requests."""
+    """The Cluster, the worker processes it runs on, and the streams of the requests in flight."""
 
     def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerHandle],
                  tokenizer: Tokenizer, reference: LatencyModel,
                  settings: RouterSettings, metrics: ServerMetrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.policy = policy
-        self.workers = list(workers)
+        self.cluster = Cluster(workers, policy, settings.max_context)
         self.clients = list(clients)
         self.eos = frozenset(tokenizer.eos_token_ids)
-        self.planners = [StepPlanner(w, self.eos) for w in self.workers]
         self.tokenizer = tokenizer
         self.reference = reference
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
         self.handles: dict[int, RequestHandle] = {}
+        self.sequences: dict[int, TokenSequence] = {}
         self._ids = itertools.count()
-        self._where: dict[int, int] = {}
         self._aborts: list[set[int]] = [set() for _ in self.workers]
         self._frees: list[list[int]] = [[] for _ in self.workers]
         self._wakeups = [asyncio.Event() for _ in self.workers]
-        self._stalled: list[tuple[Request, int]] = []
         self._tasks: list[asyncio.Task] = []
         self.draining = False
         for client in self.clients:
             client.on_death = self._worker_died
             client.on_revive = self.revive
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        return self.cluster.workers
 
     def start(self) -> None:
         self._tasks = [self._driver(w.id) for w in self.workers]
@@ -95,14 +99,11 @@ class Router:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self.handles)
-
     def slo_of(self, submission: Submission) -> SLO:
-        default = self.settings.slo.resolve(len(submission.prompt_ids), self.reference)
-        ttft, tpot = submission.slo_ttft_ms, submission.slo_tpot_ms
-        return SLO(default.ttft if ttft is None else ttft / 1e3, default.tpot if tpot is None else tpot / 1e3)
+        """The request's own targets where it names them (ms, as SLOSpec takes them), else the server's."""
+        named = {"ttft_ms": submission.slo_ttft_ms, "tpot_ms": submission.slo_tpot_ms}
+        spec = replace(self.settings.slo, **{k: v for k, v in named.items() if v is not None})
+        return spec.resolve(len(submission.prompt_ids), self.reference)
 
     def submit(self, submission: Submission) -> RequestHandle:
         """Admit a request and let the policy place its prefill; raises Rejected."""
@@ -110,18 +111,19 @@ class Router:
         now = self.clock()
         req = Request(next(self._ids), now, len(submission.prompt_ids), submission.max_tokens,
                       self.slo_of(submission))
-        error = admission_error(req, self.workers, self.settings.max_context)
-        if error is not None:
-            raise Rejected(503 if error.startswith(NO_LIVE_WORKER) else 400, error)
+        effects = self.cluster.arrive(req, now)
+        refused = next((e.reason for e in effects if isinstance(e, Fail)), None)
+        if refused is not None:
+            raise Rejected(503 if refused.startswith(NO_LIVE_WORKER) else 400, refused)
         handle = RequestHandle.of(req, submission, self.tokenizer)
         self.handles[req.id] = handle
-        self._place(req, submission, now)
+        self._track(req, submission)
+        self._carry_out(effects)
         return handle
 
-    def _place(self, req: Request, submission: Submission, now: float) -> None:
-        """Let the policy place a (new or re-run) request's prefill, with its tokens."""
-        seq = EngineSequence(req, list(submission.prompt_ids), submission.params, submission.ignore_eos)
-        self._assign(self.policy.on_arrival(req, now, self.workers), {req.id: seq})
+    def _track(self, req: Request, submission: Submission) -> None:
+        self.sequences[req.id] = TokenSequence(req, list(submission.prompt_ids), submission.params,
+                                               submission.ignore_eos)
 
     def _check_capacity(self) -> None:
         if self.draining:
@@ -134,22 +136,19 @@ class Router:
             raise Rejected(429, f"server overloaded: {waiting} requests waiting "
                                 f"(limit {self.settings.max_waiting}); retry later")
 
-    def _assign(self, assignments: list[Assignment], new: dict[int, EngineSequence] | None = None) -> None:
-        """Move each request (and its tokens) to its worker, then wake the workers together."""
-        woken = set()
-        for a in assignments:
-            rid = a.request.id
-            seq = (new or {}).get(rid) or self.planners[a.from_worker].sequences.pop(rid)
-            apply(a, self.workers)
-            self.planners[a.worker_id].add(seq)
-            self._where[rid] = a.worker_id
-            self.metrics.record_path(a.path.value)
-            woken.add(a.worker_id)
-        for worker_id in woken:
-            self._wake(worker_id)
-
-    def _wake(self, worker_id: int) -> None:
-        self._wakeups[worker_id].set()
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Do what the cluster asks, on the worker processes and the streams."""
+        for effect in effects:
+            if isinstance(effect, Assigned):
+                self.metrics.record_path(effect.request.path.value)
+            elif isinstance(effect, Wake):
+                self._wakeups[effect.worker_id].set()
+            elif isinstance(effect, Migrate):
+                asyncio.create_task(self._migrate(effect))
+            elif isinstance(effect, Free):
+                self._frees[effect.worker_id].append(effect.request_id)
+            elif isinstance(effect, Fail):
+                self._fail(effect.request, effect.reason)
 
     def abort(self, rid: int) -> None:
         """The client went away: stop generating and free the request's KV at the next boundary."""
@@ -158,10 +157,24 @@ class Router:
             return
         handle.ended = True
         self.metrics.record_request("aborted")
-        worker_id = self._where.get(rid)
+        self._abort_on(self.cluster.where(rid), rid)
+
+    def _abort_on(self, worker_id: int | None, rid: int) -> None:
         if worker_id is not None:
             self._aborts[worker_id].add(rid)
-            self._wake(worker_id)
+            self._wakeups[worker_id].set()
+
+    def _apply_aborts(self, worker_id: int) -> None:
+        """Drop aborted requests held here (between iterations); one that moved since is dropped
+        between the iterations of the worker it moved to."""
+        aborts, self._aborts[worker_id] = self._aborts[worker_id], set()
+        for rid in aborts:
+            at = self.cluster.where(rid)
+            if at != worker_id:
+                self._abort_on(at, rid)
+                continue
+            self.sequences.pop(rid, None)
+            self._carry_out(self.cluster.abort(rid, self.clock()))
 
     async def _drive(self, worker_id: int) -> None:
         """Run this worker's iterations back to back while it has work; sleep otherwise."""
@@ -174,29 +187,30 @@ class Router:
 
     async def _step(self, worker_id: int) -> bool:
         """One iteration; False when the worker has nothing to run."""
-        worker, planner = self.workers[worker_id], self.planners[worker_id]
         self._apply_aborts(worker_id)
+        worker = self.workers[worker_id]
         start = self.clock()
-        planned = planner.plan(start)
+        batch = self.cluster.plan(worker_id, start)
         frees, self._frees[worker_id] = self._frees[worker_id], []
-        if planned is None:
+        if batch is None:
             if frees:
-                await self._call(worker_id, Free(frees))
+                await self._call(worker_id, FreeKV(frees))
             self._report(worker)
             return False
-        for req, _, _ in planned.batch.prefills:
-            req.prefill_start = start if req.prefill_start is None else req.prefill_start
-        predicted = worker.latency.iteration_time(planned.batch.shape)
-        worker.busy_until = start + predicted
-        done: StepDone | None = await self._call(worker_id, Step(planned.spec, frees))
+        spec = step_spec(batch, worker.running, self.sequences)
+        predicted = worker.latency.iteration_time(batch.shape)
+        self.cluster.expect_end(worker_id, start + predicted)
+        done: StepDone | None = await self._call(worker_id, Step(spec, frees))
         if done is None:
             return False
         end = self.clock()
-        worker.busy_until = end
-        booked = planner.book(planned, done.tokens, end)
-        self._after(worker_id, booked, end)
+        eos = record_tokens(done.tokens, self.sequences, self.eos)
+        booking = self.cluster.book(worker_id, batch, end, eos=eos)
+        self._stream(worker_id, done.tokens, booking.finished)
+        self._carry_out(booking.effects)
+        self._report(worker)
         self.metrics.record_iteration(worker_id, self.clock() - start, done.seconds, predicted)
-        if booked.prefilled:
+        if any(isinstance(e, Migrate) for e in booking.effects):
             # Let the migrations just started send their exports now, so they run at this boundary
             # instead of waiting behind the worker's next iteration (the simulator moves KV at once).
             await asyncio.sleep(0)
@@ -209,38 +223,18 @@ class Router:
         except WorkerDied:
             return None
 
-    def _apply_aborts(self, worker_id: int) -> None:
-        aborts, self._aborts[worker_id] = self._aborts[worker_id], set()
-        for rid in aborts:
-            self._drop(worker_id, rid)
-
-    def _drop(self, worker_id: int, rid: int) -> None:
-        """Forget ``rid`` on ``worker_id`` (between iterations) and free its KV there."""
-        if self.planners[worker_id].remove(rid) is not None:
-            self._frees[worker_id].append(rid)
-        self._where.pop(rid, None)
-
-    def _after(self, worker_id: int, booked: Booked, now: float) -> None:
-        """Stream the step's tokens, finish and migrate what it completed, let the policy look."""
-        for rid, token in booked.tokens.items():
+    def _stream(self, worker_id: int, tokens: dict[int, int], finished: list[tuple[Request, str]]) -> None:
+        """Send the step's tokens; end the streams of requests that finished or hit a stop string."""
+        for rid, token in tokens.items():
             handle = self.handles.get(rid)
             if handle is not None and handle.emit([token]):
                 self._finish(handle, "stop")
-                self._aborts[worker_id].add(rid)
-        for finished in booked.finished:
-            self._frees[worker_id].append(finished.req.id)
-            self._where.pop(finished.req.id, None)
-            handle = self.handles.get(finished.req.id)
+                self._abort_on(worker_id, rid)
+        for req, reason in finished:
+            self.sequences.pop(req.id, None)
+            handle = self.handles.get(req.id)
             if handle is not None:
-                self._finish(handle, "stop" if finished.reason == "eos" else "length")
-        if booked.finished:
-            self._retry_stalled()
-        for req in booked.prefilled:
-            if req.id in self.handles:
-                asyncio.create_task(self._migrate(req, worker_id))
-        if self.policy.observes_iterations:
-            self._assign(self.policy.on_iteration_end(self.workers[worker_id], now, self.workers))
-        self._report(self.workers[worker_id])
+                self._finish(handle, "stop" if reason == "eos" else "length")
 
     def _finish(self, handle: RequestHandle, reason: str) -> None:
         """End the stream and record the request's latencies as it really ran: a stop (string or
@@ -252,66 +246,28 @@ class Router:
         self.metrics.observe_finished(replace(req, output_len=tokens, generated=tokens, finish=finish))
         self.metrics.record_request("finished")
 
-    async def _migrate(self, req: Request, source_id: int) -> None:
-        """Move a prefilled request's KV to the decoding worker the policy picks, then decode there."""
-        target = self.policy.decode_worker(req, self.workers, self.clock())
-        if target is None:
-            self._stall(req, source_id)
-            return
-        target.expect_migration(req)
-        self._where[req.id] = target.id
+    async def _migrate(self, move: Migrate) -> None:
+        """Move a prefilled request's KV to the worker the cluster picked; it decodes there."""
+        req, source, target = move.request, move.source, move.target
         start = self.clock()
         try:
-            async with self.clients[source_id].exported(req.id, req.prompt_len) as blob:
-                await self.clients[target.id].import_kv(req.id, blob, req.prompt_len)
+            async with self.clients[source].exported(req.id, req.prompt_len) as blob:
+                await self.clients[target].import_kv(req.id, blob, req.prompt_len)
         except (WorkerDied, WorkerError) as exc:
-            self._migration_failed(req, source_id, target, exc)
+            self._carry_out(self.cluster.migration_failed(req, source, target, f"KV migration failed: {exc}"))
             return
         req.migration_time = self.clock() - start
         self.metrics.record_migration(req.migration_time, req.prompt_len)
-        seq = self.planners[source_id].remove(req.id)
-        self._frees[source_id].append(req.id)
-        self._wake(source_id)
-        if req.id not in self.handles:
-            self._unexpect(target, req)
+        self._carry_out(self.cluster.migrated(req, source, target))
+
+    def _fail(self, req: Request, reason: str) -> None:
+        """End ``req``'s stream with ``reason`` (unless it ended, or was re-run as a new request)."""
+        handle = self.handles.get(req.id)
+        if handle is None or handle.req is not req:
             return
-        self.planners[target.id].add(seq)
-        target.arrive_migrated(req)
-        self._wake(target.id)
-
-    def _unexpect(self, target: WorkerState, req: Request) -> None:
-        """Cancel a migration into ``target``: its reservation, and any KV already imported."""
-        target.release(req)
-        target.incoming.pop(req.id, None)
-        self._frees[target.id].append(req.id)
-        self._wake(target.id)
-
-    def _migration_failed(self, req: Request, source_id: int, target: WorkerState, exc: Exception) -> None:
-        self._unexpect(target, req)
-        self._drop(source_id, req.id)
-        self._wake(source_id)
-        self._fail(req.id, f"KV migration failed: {exc}")
-
-    def _stall(self, req: Request, source_id: int) -> None:
-        """Wait for room on a decoding worker; with none alive, waiting could last forever."""
-        if any(w.alive and w.role.decodes for w in self.workers):
-            self._stalled.append((req, source_id))
-            return
-        self._drop(source_id, req.id)
-        self._wake(source_id)
-        self._fail(req.id, "no live worker is left to decode it")
-
-    def _retry_stalled(self) -> None:
-        stalled, self._stalled = self._stalled, []
-        for req, source_id in stalled:
-            if req.id in self.handles:
-                asyncio.create_task(self._migrate(req, source_id))
-
-    def _fail(self, rid: int, reason: str) -> None:
-        handle = self.handles.pop(rid, None)
-        if handle is None:
-            return
-        handle.req.fail(self.clock(), reason)
+        del self.handles[req.id]
+        self.sequences.pop(req.id, None)
+        req.fail(self.clock(), reason)
         handle.end(error=reason)
         self.metrics.record_request("failed")
 
@@ -319,19 +275,16 @@ class Router:
         """Take the dead worker out of the policy's view and keep serving: requests that have
         streamed nothing yet start over elsewhere (unless they asked not to), the rest end with a
         clear error."""
-        worker = self.workers[worker_id]
-        worker.alive = False
-        lost = [*self.planners[worker_id].sequences, *worker.incoming]
-        for rid in lost:
-            self._where.pop(rid, None)
-            handle = self.handles.get(rid)
+        lost, effects = self.cluster.worker_died(worker_id, self.clock())
+        for req in lost:
+            handle = self.handles.get(req.id)
             if handle is not None and handle.completion_tokens == 0 and handle.submission.retry:
                 self._rerun(handle)
             elif handle is not None:
-                self._fail(rid, self._death_note(worker_id, handle))
-        self.metrics.set_worker(worker_id, worker.role.value, 0, 0, 0.0, alive=False,
+                self._fail(req, self._death_note(worker_id, handle))
+        self.metrics.set_worker(worker_id, self.workers[worker_id].role.value, 0, 0, 0.0, alive=False,
                                 node=self.clients[worker_id].node)
-        self._retry_stalled()
+        self._carry_out(effects)
 
     def _death_note(self, worker_id: int, handle: RequestHandle) -> str:
         why = ("after this request had started streaming" if handle.completion_tokens
@@ -340,30 +293,28 @@ class Router:
 
     def revive(self, worker_id: int) -> None:
         """A restarted worker serves again: a fresh state (empty KV pool) with the old role, rules,
-        latency and cache size, a new planner, and a new driver in place of the dead one's."""
-        old = self.workers[worker_id]
-        worker = worker_state(worker_id, old.role, old.rules, old.kv.capacity_blocks, old.kv.block_size,
-                              old.latency)
-        self.workers[worker_id] = worker
-        self.planners[worker_id] = StepPlanner(worker, self.eos)
+        latency and cache size, and a new driver in place of the dead one's."""
+        effects = self.cluster.worker_revived(worker_id, self.clock())
         self._aborts[worker_id], self._frees[worker_id] = set(), []
         self._tasks[worker_id].cancel()
         self._tasks[worker_id] = self._driver(worker_id)
         self.metrics.record_revival(worker_id)
-        self._report(worker)
-        self._retry_stalled()
+        self._report(self.workers[worker_id])
+        self._carry_out(effects)
 
     def _rerun(self, handle: RequestHandle) -> None:
         """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
         old, sub = handle.req, handle.submission
         req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo)
-        error = admission_error(req, self.workers, self.settings.max_context)
-        if error is not None:
-            self._fail(req.id, f"its worker died and no live worker can run it: {error}")
-            return
         handle.req = req
+        effects = self.cluster.arrive(req, self.clock())
+        refused = next((e.reason for e in effects if isinstance(e, Fail)), None)
+        if refused is not None:
+            self._fail(req, f"its worker died and no live worker can run it: {refused}")
+            return
+        self._track(req, sub)
         self.metrics.record_request("rerun")
-        self._place(req, sub, self.clock())
+        self._carry_out(effects)
 
     def _report(self, worker: WorkerState) -> None:
         used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0

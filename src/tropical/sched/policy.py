@@ -66,10 +66,6 @@ class Policy(ABC):
         """Revisit held requests when a worker finishes an iteration; baselines hold none."""
         return []
 
-    def wants_iteration_events(self) -> bool:
-        """True while the policy needs every iteration end (a simulator may skip them otherwise)."""
-        return False
-
     def check_step(self, worker: WorkerState) -> int | None:
         """The decode step of ``worker`` at which the policy wants to be asked again, if any
         (a substrate that skips iteration ends must stop there)."""

@@ -51,15 +51,17 @@ class Simulator:
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
                  requests: Sequence[Request], max_context: int | None = None,
                  miss_budget: int | None = None,
-                 truth: Sequence[LatencyModel] | None = None) -> None:
+                 truth: Sequence[LatencyModel] | None = None, step_by_step: bool = False) -> None:
         """``miss_budget``: stop once more requests than this have missed their SLO (a capacity
         search only needs to know the target is out of reach); the rest are marked failed.
         ``truth``: the latency models that time execution, one per worker, when the policy's
-        predictors (the workers' ``latency``) are not exact."""
+        predictors (the workers' ``latency``) are not exact. ``step_by_step``: one event per
+        decode iteration, as a real worker runs them, instead of closed-form runs."""
         self.cluster = Cluster(workers, policy, max_context, settle=self._settle_all)
         self.workers = self.cluster.workers
         self.truth = list(truth) if truth is not None else [w.latency for w in self.workers]
         self.miss_budget = miss_budget
+        self.step_by_step = step_by_step
         self.misses = 0
         self.policy = policy
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.id))
@@ -100,9 +102,9 @@ class Simulator:
             self._honor_checks()
 
     def _run_length(self, worker: WorkerState) -> int:
-        """Decode iterations to run in closed form: up to the next finish, or fewer when the
-        policy wants to see iteration ends."""
-        if self.policy.wants_iteration_events():
+        """Decode iterations to run in closed form: up to the next finish, or fewer where the
+        policy wants to look sooner."""
+        if self.step_by_step:
             return 1
         steps = worker.steps_to_next_finish()
         check = self.policy.check_step(worker)

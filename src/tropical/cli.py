@@ -8,10 +8,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tropical.bench.config import add_bench_options
 from tropical.config import PRESETS, SimConfig, read_config_file
 from tropical.report.tables import capacity_table, render, summary_table
+from tropical.sched.slack import SlackRule
+
+if TYPE_CHECKING:
+    from tropical.serve.options import ServeOptions
 
 
 def _parse_bool(text: str) -> bool:
@@ -22,23 +27,45 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def add_fields_as_options(parser: argparse.ArgumentParser, config: type, helps: dict[str, str]) -> None:
+    """One flag per field of the ``config`` dataclass (``max_seqs`` → ``--max-seqs``), typed as the
+    field is; unset flags stay None, so the dataclass default (or a file, or a preset) applies."""
+    for f in fields(config):
+        kind = {"int": int, "float": float, "bool": _parse_bool}.get(str(f.type).split(" ")[0], str)
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=helps.get(f.name))
+
+
+def _set_options(args: argparse.Namespace, config: type) -> dict[str, object]:
+    """The flags of ``config``'s fields that the command line set."""
+    return {f.name: getattr(args, f.name) for f in fields(config) if getattr(args, f.name, None) is not None}
+
+
+POLICY_HELP = {
+    "prefill_workers": "prefill workers of a disaggregated policy (default: half)",
+    "max_batched_tokens": "tokens per prefill iteration (colocated, disagg, tropical)",
+    "chunk_budget": "tokens per iteration under chunked prefill (chunked)",
+    "max_seqs": "requests per iteration",
+    "watermark": "share of a worker's KV a multiplexed prefill may fill up to (tropical)",
+    "slack": f"how Path 2 reads TPOT slack: {' or '.join(r.value for r in SlackRule)} (tropical)",
+    "lookahead": "how deep in the queue the toggle looks for TTFT risk (tropical)",
+    "demote_doomed": "true: requests that will miss their TTFT even if started now yield their "
+                     "place (tropical)",
+}
+
+
 def _add_sim_options(parser: argparse.ArgumentParser) -> None:
     """One flag per SimConfig field; unset flags fall back to the config file and preset."""
-    for f in fields(SimConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind = {"int": int, "float": float, "bool": _parse_bool}.get(str(f.type).split(" ")[0], str)
-        helps = {"cluster": f"preset: {', '.join(PRESETS)}",
-                 "profile": "fitted latency profile JSON (default: calibrated roofline)",
-                 "rate_scale": "multiply the trace's request rate",
-                 "limit": "first N requests of the trace"}
-        parser.add_argument(flag, type=kind, default=None, help=helps.get(f.name))
+    helps = {**POLICY_HELP, "cluster": f"preset: {', '.join(PRESETS)}",
+             "profile": "fitted latency profile JSON (default: calibrated roofline)",
+             "rate_scale": "multiply the trace's request rate",
+             "limit": "first N requests of the trace"}
+    add_fields_as_options(parser, SimConfig, helps)
     parser.add_argument("--config", help="TOML or JSON file of the settings above")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
-    explicit = {f.name: getattr(args, f.name) for f in fields(SimConfig)
-                if getattr(args, f.name, None) is not None}
+    explicit = _set_options(args, SimConfig)
     cfg = SimConfig(cluster=explicit.get("cluster", "paper")).with_preset()
     if args.config:
         cfg = cfg.updated(read_config_file(args.config), args.config)
@@ -164,12 +191,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    """The server's settings from its flags (each a field of ServeOptions; unset ones default)."""
     from tropical.serve.options import ServeOptions
+
+    return ServeOptions(**_set_options(args, ServeOptions))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
     from tropical.serve.server import serve
 
-    names = [f.name for f in fields(ServeOptions)]
-    serve(ServeOptions(**{name: getattr(args, name) for name in names}))
+    serve(serve_options(args))
     return 0
 
 
@@ -178,34 +210,30 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     from tropical.serve.options import BACKENDS, ServeOptions
 
     d = ServeOptions()
-    parser.add_argument("--policy", default=d.policy, choices=policy_names())
-    parser.add_argument("--workers", default=None,
-                        help="a count, or roles such as prefill,multiplex (default: 1 prefill + 1 "
-                             "multiplexing for tropical, 2 colocated for colocated/chunked); with "
-                             "--backend ray a role may be pinned: prefill@node:10.0.0.5,multiplex@gpu")
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker")
-    parser.add_argument("--profile", help="latency profile JSON (default: measure quickly at start-up)")
-    parser.add_argument("--host", default=d.host)
-    parser.add_argument("--port", type=int, default=d.port)
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
-    parser.add_argument("--slo-ttft-ms", type=float, help="default TTFT SLO (else --slo-scale x light load)")
-    parser.add_argument("--slo-tpot-ms", type=float, help="default TPOT SLO (else --slo-scale x light load)")
-    parser.add_argument("--slo-scale", type=float, default=d.slo_scale)
-    parser.add_argument("--kv-tokens", type=int, default=d.kv_tokens, help="KV cache tokens per worker")
-    parser.add_argument("--block-size", type=int, default=d.block_size)
-    parser.add_argument("--max-model-len", type=int, default=d.max_model_len, help="context cap")
-    parser.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
-    parser.add_argument("--max-waiting", type=int, default=d.max_waiting,
-                        help="queued requests before answering 429")
-    parser.add_argument("--start-timeout", type=float, default=d.start_timeout)
-    parser.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
-    parser.add_argument("--served-model-name", help="the model id clients use (default: the model's name)")
-    parser.add_argument("--backend", default=d.backend, choices=BACKENDS,
-                        help="workers as local processes, or as Ray actors (see docs/ray.md)")
-    parser.add_argument("--ray-address", help="join this Ray cluster, e.g. HEAD:6379 (default: start a "
-                                              "private Ray instance here)")
-    parser.add_argument("--ray-max-restarts", type=int, default=d.ray_max_restarts,
-                        help="times Ray restarts a dead worker actor (-1: always)")
+    helps = {
+        **POLICY_HELP,
+        "policy": f"{', '.join(policy_names())} (default {d.policy})",
+        "max_batched_tokens": f"{POLICY_HELP['max_batched_tokens']} (default {d.max_batched_tokens})",
+        "model": "smollm2, tiny-random, a Hugging Face directory or a .gguf file",
+        "workers": "a count, or roles such as prefill,multiplex (default: 1 prefill + 1 multiplexing "
+                   "for tropical, 2 colocated for colocated/chunked); with --backend ray a role may "
+                   "be pinned: prefill@node:10.0.0.5,multiplex@gpu",
+        "threads": "torch threads per worker",
+        "profile": "latency profile JSON (default: measure quickly at start-up)",
+        "api_key": "require 'Authorization: Bearer KEY'",
+        "slo_ttft_ms": "default TTFT SLO (else --slo-scale x light load)",
+        "slo_tpot_ms": "default TPOT SLO (else --slo-scale x light load)",
+        "kv_tokens": "KV cache tokens per worker",
+        "max_model_len": "context cap",
+        "max_waiting": "queued requests before answering 429",
+        "dtype": "float32 or bfloat16",
+        "device": "cpu or cuda",
+        "served_model_name": "the model id clients use (default: the model's name)",
+        "backend": f"{' or '.join(BACKENDS)}: workers as local processes, or as Ray actors (see docs/ray.md)",
+        "ray_address": "join this Ray cluster, e.g. HEAD:6379 (default: start a private Ray instance here)",
+        "ray_max_restarts": "times Ray restarts a dead worker actor (-1: always)",
+    }
+    add_fields_as_options(parser, ServeOptions, helps)
 
 
 def _add_fidelity_options(parser: argparse.ArgumentParser) -> None:
@@ -257,7 +285,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fidelity_options(fid)
     fid.set_defaults(func=cmd_fidelity)
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API with a policy")
-    _add_model_options(srv)
     _add_serve_options(srv)
     srv.set_defaults(func=cmd_serve)
     prof = sub.add_parser("profile", help="measure this engine into a latency profile for sim and the toggle")

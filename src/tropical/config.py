@@ -1,8 +1,10 @@
-"""One configuration for the simulator: a dataclass that the CLI flags and config files both fill.
+"""One configuration path: dataclasses that the CLI flags and config files both fill.
 
-Precedence: dataclass defaults < the ``--cluster`` preset < a ``--config`` file (TOML or JSON)
-< explicit flags. Every field is a flag of the same name (``max_batched_tokens`` →
-``--max-batched-tokens``), so files and flags never drift apart.
+``PolicyConfig`` holds the scheduling knobs that ``tropical sim`` and ``tropical serve`` share
+(``SimConfig`` and ``serve.options.ServeOptions`` extend it), so a policy is set the same way on
+both. For the simulator, precedence is: dataclass defaults < the ``--cluster`` preset < a
+``--config`` file (TOML or JSON) < explicit flags. Every field is a flag of the same name
+(``max_batched_tokens`` → ``--max-batched-tokens``), so files and flags never drift apart.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from typing import Any
 
 import tomllib
 
+from tropical.sched.registry import PolicyParams
+from tropical.sched.slack import SlackRule
+from tropical.sched.tropical import ToggleParams
+
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {"model": "internlm2-20b", "gpu": "a100-80gb", "tp": 2, "workers": 4},
     "paper-h100": {"model": "internlm2-20b", "gpu": "h100-80gb", "tp": 2, "workers": 4},
@@ -22,7 +28,38 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class SimConfig:
+class PolicyConfig:
+    """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
+    rule, look-ahead and demotion of doomed requests."""
+
+    policy: str = "tropical"
+    prefill_workers: int | None = None
+    max_batched_tokens: int = 4096
+    chunk_budget: int = 2048
+    max_seqs: int = 256
+    watermark: float = 0.9
+    slack: str = "iteration"
+    lookahead: int = 64
+    demote_doomed: bool = False
+
+    def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
+        """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
+        prefill = self.prefill_workers if num_prefill is None else num_prefill
+        toggle = ToggleParams(prefill, self.watermark, slack_rule(self.slack), self.lookahead,
+                              self.demote_doomed)
+        return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle)
+
+
+def slack_rule(name: str) -> SlackRule:
+    try:
+        return SlackRule(name)
+    except ValueError:
+        raise ValueError(f"unknown slack rule {name!r}; choose from "
+                         f"{', '.join(r.value for r in SlackRule)}") from None
+
+
+@dataclass(frozen=True)
+class SimConfig(PolicyConfig):
     """Everything that defines a simulated experiment."""
 
     trace: str = "conversation"
@@ -36,23 +73,14 @@ class SimConfig:
     gpu: str = "a100-80gb"
     tp: int = 2
     workers: int = 4
-    prefill_workers: int | None = None
     memory_utilization: float = 0.9
     profile: str | None = None
-    policy: str = "tropical"
     rate_scale: float = 1.0
     ttft_scale: float = 5.0
     tpot_scale: float = 5.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_classes: str | None = None
-    max_batched_tokens: int = 4096
-    chunk_budget: int = 2048
-    max_seqs: int = 256
-    watermark: float = 0.9
-    slack: str = "iteration"
-    lookahead: int = 64
-    demote_doomed: bool = False
     predictor_noise: float = 0.0
 
     def with_preset(self) -> SimConfig:

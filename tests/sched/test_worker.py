@@ -94,3 +94,18 @@ def test_queued_work_tracks_prefills_not_yet_running():
     assert worker.queued_work == pytest.approx(one)
     worker.complete_prefill(reqs[0], 100, now=1.0)
     assert worker.queued() == [reqs[1]]
+
+
+def test_abort_of_a_request_migrating_in_clears_incoming_and_inbox():
+    worker = make_worker(Role.DECODE)
+    on_the_way, landed = make_request(0, output=5), make_request(1, output=5)
+    for req in (on_the_way, landed):
+        req.generated = 1
+        worker.expect_migration(req)
+    worker.arrive_migrated(landed)
+    for req in (on_the_way, landed):
+        worker.abort(req)
+    assert not worker.incoming and not worker.inbox and worker.kv.used_blocks == 0
+    assert worker.unfinished_tokens == 0
+    worker.admit_inbox()
+    assert not worker.running

@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from tropical.config import PolicyConfig
 from tropical.sched.policy import Policy
-from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.registry import make_policy
 from tropical.sched.rules import Role
-from tropical.sched.tropical import ToggleParams
 from tropical.serve.placement import Placement, split_pins
 
 DEFAULT_WORKERS = {"colocated": "2", "chunked": "2", "disagg": "prefill,decode",
@@ -17,12 +17,13 @@ BACKENDS = ("local", "ray")
 
 
 @dataclass(frozen=True)
-class ServeOptions:
-    """Everything `tropical serve` can be told; ``workers`` is a count or a comma list of roles,
-    each optionally pinned (``prefill@node:10.0.0.5``, see ``placement``) for the Ray backend."""
+class ServeOptions(PolicyConfig):
+    """Everything `tropical serve` can be told: the policy knobs ``tropical sim`` has, and the
+    server's own; ``workers`` is a count or a comma list of roles, each optionally pinned
+    (``prefill@node:10.0.0.5``, see ``placement``) for the Ray backend."""
 
+    max_batched_tokens: int = 2048
     model: str = "smollm2"
-    policy: str = "tropical"
     workers: str | None = None
     threads: int = 1
     profile: str | None = None
@@ -35,7 +36,6 @@ class ServeOptions:
     kv_tokens: int = 16384
     block_size: int = 16
     max_model_len: int = 4096
-    max_batched_tokens: int = 2048
     max_waiting: int = 256
     dtype: str = "float32"
     device: str = "cpu"
@@ -48,7 +48,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
-                    "max_waiting")
+                    "chunk_budget", "max_seqs", "max_waiting")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -75,10 +75,8 @@ def policy_and_roles(options: ServeOptions) -> tuple[Policy, list[Role]]:
         count = len(wanted)
     if count < 1:
         raise ValueError("--workers needs at least one worker")
-    prefill = None if wanted is None else wanted.count(Role.PREFILL)
-    params = PolicyParams(max_batched_tokens=options.max_batched_tokens,
-                          toggle=ToggleParams(num_prefill=prefill or None))
-    policy = make_policy(options.policy, params)
+    prefill = None if wanted is None else wanted.count(Role.PREFILL) or None
+    policy = make_policy(options.policy, options.policy_params(prefill))
     try:
         roles = policy.roles(count)
     except ValueError as exc:

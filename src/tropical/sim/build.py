@@ -5,9 +5,6 @@ from __future__ import annotations
 from tropical.calibration.store import load_profile, load_roofline
 from tropical.config import SimConfig
 from tropical.core.slo import SLOMix, SLOSpec
-from tropical.sched.registry import PolicyParams
-from tropical.sched.slack import SlackRule
-from tropical.sched.tropical import ToggleParams
 from tropical.sim.cluster import LatencyFactory, replicas
 from tropical.sim.run import Experiment
 from tropical.workload.catalog import load_slice
@@ -19,14 +16,6 @@ def latency_factory(cfg: SimConfig) -> LatencyFactory:
         return load_roofline
     fitted = load_profile(cfg.profile)
     return lambda replica: fitted
-
-
-def slack_rule(name: str) -> SlackRule:
-    try:
-        return SlackRule(name)
-    except ValueError:
-        raise ValueError(f"unknown slack rule {name!r}; choose from "
-                         f"{', '.join(r.value for r in SlackRule)}") from None
 
 
 def parse_slo_classes(text: str, seed: int) -> SLOMix:
@@ -65,10 +54,7 @@ def experiment(cfg: SimConfig) -> Experiment:
                          "(check --limit, --start-s and --end-s)")
     cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
                        cfg.memory_utilization)
-    toggle = ToggleParams(cfg.prefill_workers, cfg.watermark, slack_rule(cfg.slack), cfg.lookahead,
-                          cfg.demote_doomed)
-    params = PolicyParams(cfg.max_batched_tokens, cfg.chunk_budget, cfg.max_seqs, toggle)
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
     mix = parse_slo_classes(cfg.slo_classes, cfg.seed) if cfg.slo_classes else None
-    return Experiment(trace, cluster, cfg.policy, params, slo, cfg.rate_scale,
+    return Experiment(trace, cluster, cfg.policy, cfg.policy_params(), slo, cfg.rate_scale,
                       cfg.predictor_noise, cfg.seed, mix)

@@ -129,6 +129,11 @@ class FakeWorker:
     async def import_kv(self, seq_id: int, blob: int, tokens: int) -> None:
         await asyncio.sleep(self.latency.transfer_time(tokens))
 
+    def kill(self) -> None:
+        """The process dies: its calls fail from now on, and the router hears of it."""
+        self.alive = False
+        self.on_death(self.worker_id)
+
     def stop(self) -> None:
         self.alive = False
 

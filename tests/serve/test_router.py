@@ -1,0 +1,159 @@
+"""The router's logic on fake workers and a virtual clock: streams, stops, aborts, KV frees,
+migrations and worker deaths, without a model or a wall clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.factories import linear_model
+from tests.serve.fake_cluster import at, finished, run_virtual, start_router, submission
+from tests.sim.test_simulator import REPLICA
+from tropical.core.request import Request
+from tropical.core.slo import SLO
+from tropical.sched.registry import make_policy
+from tropical.sim.cluster import ClusterSpec, WorkerSpec
+
+EOS = 7
+
+
+def requests(*lengths: tuple[int, int]) -> list[Request]:
+    return [Request(i, 0.0, p, o, SLO(1.0, 0.1)) for i, (p, o) in enumerate(lengths)]
+
+
+def build(policy_name: str, workers: int = 2, kv_tokens: int = 50_000):
+    policy = make_policy(policy_name)
+    spec = ClusterSpec("router", (WorkerSpec(REPLICA, linear_model(), kv_tokens),) * workers)
+    return policy, spec.build(policy)
+
+
+def test_eos_ends_a_request_early_and_frees_its_kv():
+    reqs = requests((50, 20), (50, 20))
+
+    async def main(loop):
+        policy, workers = build("colocated", workers=1)
+        fake = start_router(loop, policy, workers, {0: 50, 1: 50}, eos=[EOS],
+                            tokens=lambda rid, step: EOS if (rid, step) == (0, 3) else 1)
+        handles = [fake.router.submit(submission(r)) for r in reqs]
+        events = [await finished(h) for h in handles]
+        await at(loop, loop.time() + 1.0)
+        await fake.router.stop()
+        return fake, handles, events
+
+    fake, handles, events = run_virtual(main)
+    assert events[0][-1].finish_reason == "stop" and handles[0].completion_tokens == 4
+    assert events[1][-1].finish_reason == "length" and handles[1].completion_tokens == 20
+    assert fake.router.workers[0].kv.used_blocks == 0 and sorted(fake.workers[0].freed) == [0, 1]
+
+
+def test_a_stop_string_ends_the_stream_and_frees_the_kv_at_the_next_boundary():
+    [req] = requests((30, 50))
+
+    async def main(loop):
+        policy, workers = build("colocated", workers=1)
+        fake = start_router(loop, policy, workers, {0: 30})
+        handle = fake.router.submit(submission(req, stop=["bbb"]))
+        events = await finished(handle)
+        await at(loop, loop.time() + 1.0)
+        await fake.router.stop()
+        return fake, handle, events
+
+    fake, handle, events = run_virtual(main)
+    assert events[-1].finish_reason == "stop" and handle.completion_tokens == 3
+    assert fake.workers[0].freed == [0] and fake.router.workers[0].kv.used_blocks == 0
+    assert not fake.router.sequences and fake.router.cluster.where(0) is None
+
+
+def test_a_client_leaving_frees_kv_and_lets_the_queue_behind_it_run():
+    first, second = requests((3000, 200), (3000, 5))
+
+    async def main(loop):
+        policy, workers = build("colocated", workers=1, kv_tokens=4000)
+        fake = start_router(loop, policy, workers, {0: 3000, 1: 3000})
+        leaving = fake.router.submit(submission(first))
+        staying = fake.router.submit(submission(second))
+        await leaving.events.get()
+        fake.router.abort(first.id)
+        events = await finished(staying)
+        await fake.router.stop()
+        return fake, staying, events
+
+    fake, staying, events = run_virtual(main)
+    assert events[-1].finish_reason == "length" and staying.completion_tokens == 5
+    assert 0 in fake.workers[0].freed and fake.router.workers[0].kv.used_blocks == 0
+
+
+def test_a_disaggregated_request_migrates_and_decodes_on_the_decode_worker():
+    [req] = requests((400, 6))
+
+    async def main(loop):
+        policy, workers = build("disagg")
+        fake = start_router(loop, policy, workers, {0: 400})
+        handle = fake.router.submit(submission(req))
+        events = await finished(handle)
+        await fake.router.stop()
+        return fake, handle, events
+
+    fake, handle, events = run_virtual(main)
+    assert events[-1].finish_reason == "length" and handle.completion_tokens == 6
+    assert handle.req.prefill_worker == 0 and handle.req.decode_worker == 1
+    assert handle.req.migration_time == pytest.approx(linear_model().transfer_time(400))
+    assert fake.workers[0].freed == [0] and fake.workers[1].freed == [0]
+
+
+def test_a_dead_worker_reruns_requests_that_streamed_nothing_elsewhere():
+    reqs = requests((2000, 4), (2000, 4))
+
+    async def main(loop):
+        policy, workers = build("colocated")
+        fake = start_router(loop, policy, workers, {0: 2000, 1: 2000})
+        handles = [fake.router.submit(submission(r)) for r in reqs]
+        doomed = next(h for h in handles if h.req.prefill_worker == 0)
+        fake.workers[0].kill()
+        events = await finished(doomed)
+        await fake.router.stop()
+        return fake, doomed, events
+
+    fake, doomed, events = run_virtual(main)
+    assert events[-1].finish_reason == "length" and doomed.completion_tokens == 4
+    assert doomed.req.prefill_worker == 1 and not fake.router.workers[0].alive
+
+
+def test_a_dead_worker_fails_requests_that_already_streamed():
+    [req] = requests((100, 400))
+
+    async def main(loop):
+        policy, workers = build("colocated", workers=1)
+        fake = start_router(loop, policy, workers, {0: 100})
+        handle = fake.router.submit(submission(req))
+        await handle.events.get()
+        fake.workers[0].kill()
+        events = await finished(handle)
+        await fake.router.stop()
+        return events
+
+    events = run_virtual(main)
+    assert "worker 0 (pid 1000) died after this request had started streaming" in events[-1].error
+
+
+def test_many_requests_on_a_virtual_clock_all_finish_and_leave_no_kv():
+    reqs = [Request(i, 0.01 * i, 100 + 37 * i % 900, 1 + 7 * i % 30, SLO(1.0, 0.1)) for i in range(30)]
+
+    async def main(loop):
+        policy, workers = build("tropical", workers=3, kv_tokens=6000)
+        fake = start_router(loop, policy, workers, {r.id: r.prompt_len for r in reqs})
+        handles = []
+        for r in reqs:
+            await at(loop, r.arrival)
+            handles.append(fake.router.submit(submission(r)))
+        ends = await asyncio.gather(*(finished(h) for h in handles))
+        await at(loop, loop.time() + 1.0)
+        await fake.router.stop()
+        return fake, handles, ends
+
+    fake, handles, ends = run_virtual(main)
+    assert all(e[-1].finish_reason == "length" for e in ends)
+    assert [h.completion_tokens for h in handles] == [r.output_len for r in reqs]
+    assert all(w.kv.used_blocks == 0 and not w.running and not w.waiting for w in fake.router.workers)
+    assert not fake.router.handles and not fake.router.sequences

@@ -128,7 +128,12 @@ def test_profile_writes_a_profile_the_simulator_loads(capsys, tmp_path, monkeypa
     assert main(["profile", "--model", "tiny-random", "--out", str(out)]) == 0
     assert "median error" in capsys.readouterr().out
     from tropical.calibration.store import load_profile
-    assert load_profile(out).decode_intercept >= 0
+    from tropical.core.latency.shape import BatchShape
+
+    profile = load_profile(out)
+    one, eight = (profile.iteration_time(BatchShape.decode(n, n * 128)) for n in (1, 8))
+    short, long = (profile.iteration_time(BatchShape.prefill(n)) for n in (16, 512))
+    assert 0 < one < eight and 0 < short < long, "the measured profile must price more work as longer"
 
 
 def test_export_writes_a_directory_that_serves_like_the_model(capsys, tmp_path, monkeypatch):

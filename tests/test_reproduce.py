@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tropical.cli import main
 
 
@@ -12,7 +14,11 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     policies = {"colocated", "chunked", "disagg", "tropical", "tropical+"}
     assert set(result["capacity_rps"]) == policies == set(result["ratio_vs_best_baseline"])
-    assert max(result["ratio_vs_best_baseline"][p] for p in ("colocated", "chunked", "disagg")) == 1.0
+    capacity = result["capacity_rps"]
+    best = max(capacity[p] for p in ("colocated", "chunked", "disagg"))
+    assert best > 0, "no baseline reached 90% attainment at any rate"
+    for policy, ratio in result["ratio_vs_best_baseline"].items():
+        assert ratio == pytest.approx(capacity[policy] / best), policy
     for name in ("report.md", "attainment_vs_rate.png", "latency_cdfs.png", "queueing.png",
                  "reproduction.json"):
         assert (out / name).stat().st_size > 0

@@ -11,11 +11,15 @@ import pytest
 from tests.live_server import live_server
 from tests.serve.greedy import PROMPTS, complete_all
 
+# chunked: a budget of 4 tokens splits every prompt longer than that; tropical: a 1 ms TTFT SLO
+# puts every request at risk on the prefill worker, so the toggle must look for Path 2.
+FLAGS = {"chunked": ["--chunk-budget", "4"], "tropical": ["--slo-ttft-ms", "1"],
+         "tropical+": ["--slo-ttft-ms", "1"]}
+
 
 @pytest.mark.parametrize("policy", ["colocated", "chunked", "disagg", "tropical", "tropical+"])
 def test_policy_serves_the_engines_greedy_tokens(tmp_path: Path, reference: list[str], policy: str) -> None:
-    args = ["--policy", policy, "--max-batched-tokens", "8"] if policy == "chunked" else ["--policy", policy]
-    with live_server(tmp_path, *args) as server:
+    with live_server(tmp_path, "--policy", policy, *FLAGS.get(policy, [])) as server:
         texts, paths = asyncio.run(complete_all(server.url))
         metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
     assert texts == reference
@@ -24,3 +28,11 @@ def test_policy_serves_the_engines_greedy_tokens(tmp_path: Path, reference: list
         assert f"tropical_migrations_total {float(len(PROMPTS))}" in metrics
     if policy == "colocated":
         assert set(paths) == {"colocated"}
+    if policy == "chunked":
+        assert _counter(metrics, "tropical_prefill_chunks_total") > 0, "no prompt was chunked"
+    if policy.startswith("tropical"):
+        assert "multiplex" in paths, paths
+
+
+def _counter(metrics: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + " "))

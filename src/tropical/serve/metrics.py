@@ -46,6 +46,8 @@ class ServerMetrics:
         self.kv_usage = self._worker_gauge("tropical_worker_kv_usage", "Fraction of KV blocks in use")
         self.up = self._worker_gauge("tropical_worker_up", "1 while the worker process is alive")
         self.iterations = self._counter("tropical_iterations_total", "Iterations run", "worker")
+        self.prefill_chunks = self._counter("tropical_prefill_chunks_total",
+                                            "Prompt spans that stopped short of their prompt's end")
         self.iteration_seconds = {
             kind: self._counter(f"tropical_iteration_{kind}_seconds_total", doc, "worker")
             for kind, doc in (("wall", "Iteration time as the router sees it (plan, round trip, booking)"),
@@ -87,6 +89,9 @@ class ServerMetrics:
         self.iterations.labels(worker).inc()
         for kind, seconds in (("wall", wall), ("compute", compute), ("predicted", predicted)):
             self.iteration_seconds[kind].labels(worker).inc(seconds)
+
+    def record_prefill_chunks(self, count: int) -> None:
+        self.prefill_chunks.inc(count)
 
     def record_migration(self, seconds: float, tokens: int) -> None:
         self.migrations.inc()

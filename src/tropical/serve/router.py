@@ -210,6 +210,7 @@ class Router:
         self._carry_out(booking.effects)
         self._report(worker)
         self.metrics.record_iteration(worker_id, self.clock() - start, done.seconds, predicted)
+        self.metrics.record_prefill_chunks(sum(c + n < r.prompt_len for r, n, c in batch.prefills))
         if any(isinstance(e, Migrate) for e in booking.effects):
             # Let the migrations just started send their exports now, so they run at this boundary
             # instead of waiting behind the worker's next iteration (the simulator moves KV at once).

@@ -1,9 +1,9 @@
 """Discrete-event simulation of a cluster on a virtual clock.
 
 The simulator owns time and KV transfers; scheduling is sched's ``Cluster``, the same one the
-server drives. Between two events a worker's
-decode iterations differ only by growing contexts, so a run of them is priced in closed form
-(see ``DecodeRun``) and cut short at the next iteration boundary when new work reaches it.
+server drives. Between two events a worker's decode iterations differ only by growing contexts,
+so a run of them is priced in closed form (see ``DecodeRun``) and cut short at the next
+iteration boundary when new work reaches it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 2**30
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,25 +39,26 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, name: str, config: dict[str, Any], dtype_bytes: int = 2) -> ModelSpec:
-        """Read the fields of a Hugging Face config.json (Llama, InternLM, InternLM2, SmolLM)."""
-        try:
-            hidden = int(config["hidden_size"])
-            q_heads = int(config["num_attention_heads"])
-            return cls(
-                name=name,
-                num_layers=int(config["num_hidden_layers"]),
-                hidden=hidden,
-                num_q_heads=q_heads,
-                num_kv_heads=int(config.get("num_key_value_heads") or q_heads),
-                head_dim=int(config.get("head_dim") or hidden // q_heads),
-                intermediate=int(config["intermediate_size"]),
-                vocab=int(config["vocab_size"]),
-                max_context=_max_context(config),
-                tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-                dtype_bytes=dtype_bytes,
-            )
-        except KeyError as missing:
-            raise ValueError(f"model {name!r}: config.json lacks the field {missing}") from None
+        """Read the fields of a Hugging Face config.json (Llama, InternLM, InternLM2, SmolLM); the
+        one reader of its dimensions (the engine's ModelConfig takes them from here)."""
+        missing = [key for key in _REQUIRED if config.get(key) is None]
+        if missing:
+            raise ValueError(f"model {name!r}: config.json lacks the field(s) {', '.join(missing)}")
+        hidden = int(config["hidden_size"])
+        q_heads = int(config["num_attention_heads"])
+        return cls(
+            name=name,
+            num_layers=int(config["num_hidden_layers"]),
+            hidden=hidden,
+            num_q_heads=q_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or q_heads),
+            head_dim=int(config.get("head_dim") or hidden // q_heads),
+            intermediate=int(config["intermediate_size"]),
+            vocab=int(config["vocab_size"]),
+            max_context=_max_context(config),
+            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+            dtype_bytes=dtype_bytes,
+        )
 
     @property
     def q_dim(self) -> int:

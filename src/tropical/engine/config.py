@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+from tropical.core.specs import ModelSpec
+
 _SCALING_TYPES = ("linear", "dynamic", "llama3", "yarn")
 
 
@@ -86,25 +87,23 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
-        """Accepts both the old (rope_theta, rope_scaling) and the transformers 5 (rope_parameters) layout."""
-        for name in _REQUIRED:
-            if config.get(name) is None:
-                raise ValueError(f"model config is missing required field {name!r}")
-        heads = int(config["num_attention_heads"])
+        """Accepts both the old (rope_theta, rope_scaling) and the transformers 5 (rope_parameters)
+        layout; the dimensions come from core's ModelSpec, the one reader of them."""
+        shape = ModelSpec.from_hf_config(str(config.get("_name_or_path") or "model"), config)
         max_positions = int(config.get("max_position_embeddings") or 2048)
         rope = config.get("rope_parameters") or {}
         scaling = config.get("rope_scaling") or rope
         return cls(
-            hidden_size=int(config["hidden_size"]),
-            num_hidden_layers=int(config["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
-            intermediate_size=int(config["intermediate_size"]),
-            vocab_size=int(config["vocab_size"]),
+            hidden_size=shape.hidden,
+            num_hidden_layers=shape.num_layers,
+            num_attention_heads=shape.num_q_heads,
+            num_key_value_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            intermediate_size=shape.intermediate,
+            vocab_size=shape.vocab,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=float(config.get("rope_theta") or rope.get("rope_theta", 10000.0)),
             rope_scaling=RopeScaling.from_hf(scaling, max_positions),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=shape.tied_embeddings,
             max_position_embeddings=max_positions,
         )

@@ -5,9 +5,12 @@ from __future__ import annotations
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO
+from tropical.core.specs import ReplicaSpec, hardware
+from tropical.models import load_model_spec
 from tropical.sched.kv import KVPool
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
+from tropical.sim.cluster import ClusterSpec, WorkerSpec
 
 
 def linear_model(**overrides: float) -> FittedModel:
@@ -36,3 +39,9 @@ def start_decoding(worker: WorkerState, req: Request, now: float = 0.0) -> Reque
     worker.reserve(req)
     worker.complete_prefill(req, req.prompt_len, now=now)
     return req
+
+
+def linear_cluster(workers: int, kv_tokens: int) -> ClusterSpec:
+    """``workers`` Llama-2-7B replicas on one A100 each, priced by ``linear_model``."""
+    replica = ReplicaSpec(load_model_spec("llama-2-7b"), hardware("a100"), tp=1)
+    return ClusterSpec("linear", (WorkerSpec(replica, linear_model(), kv_tokens),) * workers)

@@ -7,13 +7,11 @@ import asyncio
 
 import pytest
 
-from tests.factories import linear_model
+from tests.factories import linear_cluster, linear_model
 from tests.serve.fake_cluster import at, finished, run_virtual, start_router, submission
-from tests.sim.test_simulator import REPLICA
 from tropical.core.request import Request
 from tropical.core.slo import SLO
 from tropical.sched.registry import make_policy
-from tropical.sim.cluster import ClusterSpec, WorkerSpec
 
 EOS = 7
 
@@ -24,8 +22,7 @@ def requests(*lengths: tuple[int, int]) -> list[Request]:
 
 def build(policy_name: str, workers: int = 2, kv_tokens: int = 50_000):
     policy = make_policy(policy_name)
-    spec = ClusterSpec("router", (WorkerSpec(REPLICA, linear_model(), kv_tokens),) * workers)
-    return policy, spec.build(policy)
+    return policy, linear_cluster(workers, kv_tokens).build(policy)
 
 
 def test_eos_ends_a_request_early_and_frees_its_kv():

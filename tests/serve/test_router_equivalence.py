@@ -9,13 +9,12 @@ import random
 
 import pytest
 
-from tests.factories import linear_model
+from tests.factories import linear_cluster
 from tests.serve.fake_cluster import finished, record_plans, run_virtual, start_router, submit_at_arrivals
-from tests.sim.test_simulator import REPLICA
 from tropical.core.request import Path, Request
 from tropical.core.slo import SLO
 from tropical.sched.registry import make_policy, policy_names
-from tropical.sim.cluster import ClusterSpec, WorkerSpec
+from tropical.sim.cluster import ClusterSpec
 from tropical.sim.simulator import Simulator
 
 
@@ -33,7 +32,7 @@ def trace_slice(seed: int = 3, count: int = 40) -> list[Request]:
 
 def cluster() -> ClusterSpec:
     """Four workers whose KV holds a few long requests at once, so decodes wait for room."""
-    return ClusterSpec("equivalence", (WorkerSpec(REPLICA, linear_model(), 12_000),) * 4)
+    return linear_cluster(4, 12_000)
 
 
 def simulate(policy_name: str, requests: list[Request]) -> list[tuple]:

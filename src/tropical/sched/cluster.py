@@ -158,9 +158,9 @@ class Cluster:
         worker = self.workers[worker_id]
         worker.busy_until = now
         finished = [(r, "length") for r in worker.advance_decodes(steps, now)] if batch.decode_count else []
-        prefilled = [req for req, new, _ in batch.prefills if worker.complete_prefill(req, new, now)]
-        finished += [(req, "length") for req in prefilled if req.finish is not None]
-        finished += [(req, "eos") for req in self._stop_at_eos(worker, eos, now)]
+        prefilled = self._complete_prompts(worker, batch, now, finished) if batch.prefills else []
+        if eos:
+            finished += [(req, "eos") for req in self._stop_at_eos(worker, eos, now)]
         effects: list[Effect] = []
         for req, _ in finished:
             del self._at[req.id]
@@ -169,12 +169,25 @@ class Cluster:
             for req in prefilled:
                 if req.finish is None:
                     effects += self._migrate(req, worker_id, now)
-        if finished:
+        if finished and self.stalled:
             effects += self._retry_stalled(now)
         if self.policy.observes_iterations:
             self.settle()
             effects += self._assign(self.policy.on_iteration_end(worker, now, self.workers))
         return Booking(finished, prefilled, effects)
+
+    @staticmethod
+    def _complete_prompts(worker: WorkerState, batch: Batch, now: float,
+                          finished: list[tuple[Request, str]]) -> list[Request]:
+        """Book the batch's prompt spans; the prompts they completed (a one-token request also
+        finishes, into ``finished``)."""
+        prefilled = []
+        for req, new, _ in batch.prefills:
+            if worker.complete_prefill(req, new, now):
+                prefilled.append(req)
+                if req.finish is not None:
+                    finished.append((req, "length"))
+        return prefilled
 
     def _stop_at_eos(self, worker: WorkerState, rids: Iterable[int], now: float) -> list[Request]:
         """End requests early: abort frees their KV and drops them from the decode batch (they

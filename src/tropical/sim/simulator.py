@@ -190,10 +190,13 @@ class Simulator:
         stats.busy += flight.end - flight.start
         steps = 1 if flight.run is None else flight.run.steps
         stats.iterations += steps
-        stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
+        if flight.run is None:
+            stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
         booking = self.cluster.book(worker_id, flight.batch, self.now, steps)
-        self._count_misses(booking)
-        self._carry_out(booking.effects)
+        if booking.prefilled or booking.finished:
+            self._count_misses(booking)
+        if booking.effects:
+            self._carry_out(booking.effects)
         if self.policy.observes_iterations:
             self._honor_checks()
         self._start(self.workers[worker_id])

@@ -7,10 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
+GREEDY_BELOW = 1e-5
+"""Temperatures under this sample greedily, as in vLLM: dividing logits by a tinier one overflows
+to inf and the softmax to nan, and the distribution is one-hot long before that."""
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 switch those filters off."""
+    """temperature 0 (or below ``GREEDY_BELOW``) means greedy; top_k 0 and top_p 1 switch those
+    filters off."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -29,7 +34,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def step_generator(params: SamplingParams, step: int, device: torch.device | str = "cpu"

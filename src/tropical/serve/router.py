@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,9 @@ from tropical.serve.messages import Free, Step, StepDone
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.streams import RequestHandle, Submission
 from tropical.serve.worker_handle import WorkerDied, WorkerError, WorkerHandle
+
+log = logging.getLogger(__name__)
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class Rejected(Exception):
@@ -164,13 +168,20 @@ class Router:
             self._wake(worker_id)
 
     async def _drive(self, worker_id: int) -> None:
-        """Run this worker's iterations back to back while it has work; sleep otherwise."""
+        """Run this worker's iterations back to back while it has work; sleep otherwise. A bug in
+        a step must not end the driver silently (every later request would hang): it fails the
+        worker's requests, which leaves its state clean, and the driver goes on."""
         wakeup, client = self._wakeups[worker_id], self.clients[worker_id]
         while client.alive:
             await wakeup.wait()
             wakeup.clear()
-            while client.alive and await self._step(worker_id):
-                pass
+            try:
+                while client.alive and await self._step(worker_id):
+                    pass
+            except Exception as exc:  # noqa: BLE001 - logged, and the worker's requests hear of it
+                log.exception("worker %d's driver failed; failing its requests", worker_id)
+                self._fail_requests(worker_id, list(self.planners[worker_id].sequences),
+                                    f"internal error on worker {worker_id}: {exc!r}", 500)
 
     async def _step(self, worker_id: int) -> bool:
         """One iteration; False when the worker has nothing to run."""
@@ -188,9 +199,14 @@ class Router:
             req.prefill_start = start if req.prefill_start is None else req.prefill_start
         predicted = worker.latency.iteration_time(planned.batch.shape)
         worker.busy_until = start + predicted
-        done: StepDone | None = await self._call(worker_id, Step(planned.spec, frees))
-        if done is None:
+        try:
+            done: StepDone = await self.clients[worker_id].call(Step(planned.spec, frees))
+        except WorkerDied:
             return False
+        except WorkerError as exc:
+            self._fail_requests(worker_id, [span.seq_id for span in planned.spec.spans],
+                                f"the step running this request failed: {exc}", 500)
+            return True
         end = self.clock()
         worker.busy_until = end
         booked = planner.book(planned, done.tokens, end)
@@ -213,6 +229,20 @@ class Router:
         aborts, self._aborts[worker_id] = self._aborts[worker_id], set()
         for rid in aborts:
             self._drop(worker_id, rid)
+        if aborts:
+            self._room_freed()
+
+    def _fail_requests(self, worker_id: int, rids: list[int], reason: str, status: int) -> None:
+        """End ``rids`` on ``worker_id`` with an error (their KV freed at its next command); the
+        worker and every other request go on."""
+        for rid in rids:
+            self._drop(worker_id, rid)
+            self._fail(rid, reason, status)
+        self._room_freed()
+
+    def _room_freed(self) -> None:
+        """KV or seats were freed: whatever waits for room (stalled migrations) tries again."""
+        self._retry_stalled()
 
     def _drop(self, worker_id: int, rid: int) -> None:
         """Forget ``rid`` on ``worker_id`` (between iterations) and free its KV there."""
@@ -234,7 +264,7 @@ class Router:
             if handle is not None:
                 self._finish(handle, "stop" if finished.reason == "eos" else "length")
         if booked.finished:
-            self._retry_stalled()
+            self._room_freed()
         for req in booked.prefilled:
             if req.id in self.handles:
                 asyncio.create_task(self._migrate(req, worker_id))
@@ -285,6 +315,7 @@ class Router:
         target.incoming.pop(req.id, None)
         self._frees[target.id].append(req.id)
         self._wake(target.id)
+        self._room_freed()
 
     def _migration_failed(self, req: Request, source_id: int, target: WorkerState, exc: Exception) -> None:
         self._unexpect(target, req)
@@ -307,12 +338,14 @@ class Router:
             if req.id in self.handles:
                 asyncio.create_task(self._migrate(req, source_id))
 
-    def _fail(self, rid: int, reason: str) -> None:
+    def _fail(self, rid: int, reason: str, status: int = 503) -> None:
+        """End a request with an error; 503 by default: it failed because the server could not
+        serve it (a worker died, no room anywhere, shutdown), 500 for an internal failure."""
         handle = self.handles.pop(rid, None)
         if handle is None:
             return
         handle.req.fail(self.clock(), reason)
-        handle.end(error=reason)
+        handle.end(error=reason, status=status)
         self.metrics.record_request("failed")
 
     def _worker_died(self, worker_id: int) -> None:
@@ -334,9 +367,10 @@ class Router:
         self._retry_stalled()
 
     def _death_note(self, worker_id: int, handle: RequestHandle) -> str:
-        why = ("after this request had started streaming" if handle.completion_tokens
+        why = (f"after this request had generated {handle.completion_tokens} tokens (a request "
+               f"runs again elsewhere only before its first token)" if handle.completion_tokens
                else "and this request asked not to be retried")
-        return f"worker {worker_id} (pid {self.clients[worker_id].pid}) died {why}"
+        return f"worker {worker_id} died {why}"
 
     def revive(self, worker_id: int) -> None:
         """A restarted worker serves again: a fresh state (empty KV pool) with the old role, rules,
@@ -370,9 +404,23 @@ class Router:
         self.metrics.set_worker(worker.id, worker.role.value, len(worker.running), len(worker.waiting),
                                 used, alive=worker.alive, node=self.clients[worker.id].node)
 
+    @property
+    def unavailable(self) -> str | None:
+        """Why no new request could be served now (for /health), or None when one could: the
+        admission rules applied to the smallest request."""
+        if self.draining:
+            return SHUTTING_DOWN
+        return admission_error(Request(-1, self.clock(), 1, 1, SLO(1.0, 1.0)), self.workers)
+
     async def drain(self, timeout: float) -> None:
-        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish."""
+        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish; those
+        still running then end with an error saying why, so no stream is cut without one."""
         self.draining = True
         deadline = self.clock() + timeout
         while self.handles and self.clock() < deadline:
             await asyncio.sleep(0.05)
+        for rid in list(self.handles):
+            worker_id = self._where.get(rid)
+            if worker_id is not None:
+                self._drop(worker_id, rid)
+            self._fail(rid, f"{SHUTTING_DOWN}: its drain timeout passed before this request finished")

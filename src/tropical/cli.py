@@ -187,7 +187,11 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="latency profile JSON (default: measure quickly at start-up)")
     parser.add_argument("--host", default=d.host)
     parser.add_argument("--port", type=int, default=d.port)
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (ps shows it: prefer "
+                                          "--api-key-file or $TROPICAL_API_KEY / $VLLM_API_KEY)")
+    parser.add_argument("--api-key-file", help="read the API key from the first line of this file")
+    parser.add_argument("--max-body-mb", type=float, default=d.max_body_mb,
+                        help="larger request bodies get 413 before they are read")
     parser.add_argument("--slo-ttft-ms", type=float, help="default TTFT SLO (else --slo-scale x light load)")
     parser.add_argument("--slo-tpot-ms", type=float, help="default TPOT SLO (else --slo-scale x light load)")
     parser.add_argument("--slo-scale", type=float, default=d.slo_scale)

@@ -66,7 +66,8 @@ class FakeWorker:
         self.on_death(self.worker_id)
 
 
-def make_router(policy: str, kv_blocks: tuple[int, ...], delay: float = 0.0) -> tuple[Router, list[FakeWorker]]:
+def make_router(policy: str, kv_blocks: tuple[int, ...], delay: float = 0.0
+                ) -> tuple[Router, list[FakeWorker]]:
     chosen = make_policy(policy)
     roles = chosen.roles(len(kv_blocks))
     workers = [worker_state(i, role, chosen.rules(role), blocks, 16, linear_model())

@@ -178,11 +178,14 @@ def test_losing_the_only_decoding_worker_makes_the_router_unavailable() -> None:
 
 def test_drain_ends_what_outlives_its_timeout_with_an_error() -> None:
     async def body() -> None:
-        router, _ = make_router("colocated", (64,), delay=0.01)
+        router, fakes = make_router("colocated", (64,), delay=0.01)
         handle = submit(router, max_tokens=1000)
         await router.drain(0.05)
         failed = await final(handle)
         assert failed.status == 503 and "shutting down" in (failed.error or "")
         assert router.unavailable is not None and "shutting down" in router.unavailable
+        await asyncio.sleep(0.05)
+        assert not router.planners[0].sequences and router.workers[0].kv.used_blocks == 0
+        assert handle.req.id in fakes[0].freed, "its KV is freed at the step boundary"
         await router.stop()
     run(body)

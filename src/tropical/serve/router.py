@@ -162,6 +162,10 @@ class Router:
             return
         handle.ended = True
         self.metrics.record_request("aborted")
+        self._abort_at_boundary(rid)
+
+    def _abort_at_boundary(self, rid: int) -> None:
+        """Drop ``rid`` from its worker once the step it may be in is over."""
         worker_id = self._where.get(rid)
         if worker_id is not None:
             self._aborts[worker_id].add(rid)
@@ -420,7 +424,5 @@ class Router:
         while self.handles and self.clock() < deadline:
             await asyncio.sleep(0.05)
         for rid in list(self.handles):
-            worker_id = self._where.get(rid)
-            if worker_id is not None:
-                self._drop(worker_id, rid)
             self._fail(rid, f"{SHUTTING_DOWN}: its drain timeout passed before this request finished")
+            self._abort_at_boundary(rid)

@@ -51,7 +51,8 @@ def test_a_temperature_too_small_to_divide_by_samples_greedily_and_the_server_se
     (b'{"model": "tiny-random", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "prompt"),
     (b'{"model": "tiny-random", "prompt": "hi \\ud800"}', "prompt"),
 ])
-def test_json_that_breaks_parsers_is_a_400_naming_the_field(server: LiveServer, raw: bytes, param: str) -> None:
+def test_json_that_breaks_parsers_is_a_400_naming_the_field(server: LiveServer, raw: bytes,
+                                                            param: str) -> None:
     reply = _post(server, raw)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == param
 
@@ -91,7 +92,7 @@ def test_an_unsupported_field_is_a_400_naming_it(server: LiveServer) -> None:
 def test_a_non_streaming_client_that_leaves_aborts_its_request(server: LiveServer) -> None:
     before = _outcomes(server)
     with pytest.raises(httpx.TimeoutException):
-        _post(server, {"model": MODEL, "prompt": "go on", "max_tokens": 1000, "ignore_eos": True}, timeout=0.5)
+        _post(server, {"model": MODEL, "prompt": "go", "max_tokens": 1000, "ignore_eos": True}, timeout=0.5)
     left = time.monotonic()
     assert eventually(lambda: _outcomes(server).get("aborted", 0) == before.get("aborted", 0) + 1, 20)
     assert _outcomes(server).get("finished", 0) == before.get("finished", 0), "it must not run to the end"

@@ -80,7 +80,7 @@ def test_losing_every_decoding_worker_answers_503(tmp_path: Path) -> None:
 
 
 def test_a_non_streaming_request_whose_worker_dies_mid_generation_gets_503(tmp_path: Path) -> None:
-    with live_server(tmp_path, "--policy", "colocated", "--workers", "1", "--max-model-len", "1024") as server:
+    with live_server(tmp_path, "--policy", "colocated", "--workers", "1") as server:
         pid = server.health()["workers"][0]["pid"]
         with ThreadPoolExecutor(1) as pool:
             reply = pool.submit(httpx.post, f"{server.url}/v1/completions",

@@ -74,8 +74,6 @@ def health_stall(url: str, load: Callable[[], object]) -> tuple[float, list[str]
 def request_probes(server: ServerProcess) -> list[tuple[str, str]]:
     url, rows = server.url, []
     tiny = {"model": MODEL, "prompt": "hello", "max_tokens": 5, "temperature": 1e-40}
-    rows.append(("temperature 1e-40", outcome(lambda: post(url, tiny))))
-    rows.append(("next normal request", outcome(lambda: post(url, {**tiny, "temperature": 0}))))
     for name, body in BAD_BODIES.items():
         path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
         rows.append((name, outcome(lambda b=body, p=path: post(url, b, p))))
@@ -87,6 +85,8 @@ def request_probes(server: ServerProcess) -> list[tuple[str, str]]:
     keyless = httpx.get(f"{url}/health", timeout=10).text
     rows.append(("/health without the key shows PIDs", str('"pid"' in keyless)))
     rows.append(("key printed at start-up", str(KEY in server.output())))
+    rows.append(("temperature 1e-40 (last: it wedged the old server)", outcome(lambda: post(url, tiny))))
+    rows.append(("next normal request", outcome(lambda: post(url, {**tiny, "temperature": 0}))))
     return rows
 
 
@@ -129,17 +129,19 @@ def left_client(url: str) -> str:
 
 def shutdown_probes(server: ServerProcess) -> list[tuple[str, str]]:
     body = {"model": MODEL, "prompt": "go", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as reply:
-        lines = reply.iter_lines()
-        next(line for line in lines if line.startswith("data: "))
-        os.kill(server.pid, signal.SIGTERM)
-        time.sleep(0.3)
-        late = outcome(lambda: post(server.url, {"model": MODEL, "prompt": "hi", "max_tokens": 2},
-                                    timeout=10))
-        try:
+    late, tail = "not tried", ["hang"]
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH,
+                          timeout=30) as reply:
+            lines = reply.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            os.kill(server.pid, signal.SIGTERM)
+            time.sleep(0.3)
+            late = outcome(lambda: post(server.url, {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                                        timeout=10))
             tail = [line for line in lines if line][-2:]
-        except httpx.HTTPError:
-            tail = ["cut"]
+    except httpx.HTTPError as exc:
+        tail = [type(exc).__name__]
     return [("request during SIGTERM drain", late.replace("dropped", "refused")),
             ("stream past --drain-timeout ends with an error event", str('"error"' in "".join(tail)))]
 

@@ -78,6 +78,12 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         kind = ERROR_TYPES.get(exc.status_code, "invalid_request_error")
         return error_response(APIError(exc.status_code, str(exc.detail), kind))
 
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        """A bug still answers in OpenAI's shape (uvicorn logs the traceback; the body names only
+        the exception's type)."""
+        return error_response(APIError(500, f"internal server error ({type(exc).__name__})", "server_error"))
+
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         """200 only when a request could be served now; worker PIDs and nodes only with the key."""

@@ -78,7 +78,7 @@ def request_probes(server: ServerProcess) -> list[tuple[str, str]]:
         path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
         rows.append((name, outcome(lambda b=body, p=path: post(url, b, p))))
     rows.append(("unknown path body", httpx.get(f"{url}/v1/nothing", headers=AUTH, timeout=10).text[:60]))
-    rows.append(("logprobs: 2", outcome(lambda: post(url, {**tiny, "logprobs": 2}))))
+    rows.append(("logprobs: 2", outcome(lambda: post(url, {**tiny, "temperature": 0, "logprobs": 2}))))
     rows += body_probes(server)
     rows.append(("non-streaming client leaves at 0.5 s", left_client(url)))
     rows.append(("/docs with a key set", outcome(lambda: httpx.get(f"{url}/docs", timeout=10))))

@@ -92,12 +92,14 @@ def request_probes(server: ServerProcess) -> list[tuple[str, str]]:
 
 def body_probes(server: ServerProcess) -> list[tuple[str, str]]:
     url = server.url
+    at_start = rss_mb(server.pid)
     start = time.monotonic()
     one = outcome(lambda: post(url, TEN_MB))
     took = time.monotonic() - start
     stall, codes = health_stall(url, lambda: [outcome(lambda: post(url, TEN_MB, timeout=120))
                                               for _ in range(4)])
-    rows = [("10 MB body", f"{one} in {took:.1f} s"),
+    rows = [("router RSS before the 10 MB bodies", f"{at_start:.0f} MB"),
+            ("10 MB body", f"{one} in {took:.1f} s"),
             ("4 x 10 MB in a row: worst /health", f"{stall:.2f} s ({','.join(codes)})"),
             ("router RSS after them", f"{rss_mb(server.pid):.0f} MB")]
     with ThreadPoolExecutor(4) as pool:
@@ -146,16 +148,46 @@ def shutdown_probes(server: ServerProcess) -> list[tuple[str, str]]:
             ("stream past --drain-timeout ends with an error event", str('"error"' in "".join(tail)))]
 
 
+def kv_wait_probe(url: str) -> str:
+    """A holds the decoding worker's KV; B, prefilled, waits to migrate there; A's client leaves.
+    How long until B streams again (before the fix, only an unrelated finish woke it)."""
+    body = {"model": MODEL, "prompt": "go", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    times: list[float] = []
+
+    def read_b() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=AUTH, timeout=30) as reply:
+            times.extend(time.monotonic() for line in reply.iter_lines() if line.startswith("data: "))
+
+    with ThreadPoolExecutor(1) as pool:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=AUTH, timeout=30) as a:
+            lines = a.iter_lines()  # kept: a dropped iterator would close A's connection at once
+            next(line for line in lines if line.startswith("data: "))
+            b = pool.submit(read_b)
+            deadline = time.monotonic() + 10
+            while not times and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            waiting = len(times)
+            left = time.monotonic()
+        try:
+            b.result(60)
+        except httpx.TimeoutException:
+            return f"B had {waiting} chunk(s), then hung"
+    later = [t - left for t in times if t > left]
+    return f"B had {waiting} chunk(s), resumed {later[0]:.2f} s after A left" if later else "B never resumed"
+
+
 def death_probes(tmp: Path) -> list[tuple[str, str]]:
-    server = ServerProcess.start(["--model", MODEL, "--policy", "disagg", "--api-key", KEY],
-                                 tmp / "disagg.log")
+    server = ServerProcess.start(["--model", MODEL, "--policy", "disagg", "--api-key", KEY, "--kv-tokens",
+                                  "1024"], tmp / "disagg.log")
     try:
+        rows = [("KV wait, then the holder's client leaves", kv_wait_probe(server.url))]
         workers = httpx.get(f"{server.url}/health", headers=AUTH, timeout=10).json()["workers"]
         os.kill(next(w["pid"] for w in workers if w["role"] == "decode"), signal.SIGKILL)
         time.sleep(2)
         served = outcome(lambda: post(server.url, {"model": MODEL, "prompt": "hi", "max_tokens": 2}))
         health = outcome(lambda: httpx.get(f"{server.url}/health", timeout=10))
-        return [("decode worker killed: request / health", f"{served} / {health}")]
+        return rows + [("decode worker killed: request / health", f"{served} / {health}")]
     finally:
         server.stop()
 

@@ -55,9 +55,9 @@ def _prompt_ids(gen: GenerationRequest, tokenizer: Tokenizer) -> list[int]:
     if gen.chat:
         if not tokenizer.chat_template:
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        ids = tokenizer.encode(tokenizer.apply_chat_template(gen.messages or []))
+        ids = tokenizer.encode_without_gil(tokenizer.apply_chat_template(gen.messages or []))
     elif isinstance(gen.prompt, str):
-        ids = tokenizer.encode(gen.prompt)
+        ids = tokenizer.encode_without_gil(gen.prompt)
     else:
         ids = list(gen.prompt)
         vocab = tokenizer.vocab_size

@@ -129,7 +129,7 @@ class Router:
 
     def _check_capacity(self) -> None:
         if self.draining:
-            raise Rejected(503, "the server is shutting down")
+            raise Rejected(503, SHUTTING_DOWN)
         if not any(c.alive for c in self.clients):
             raise Rejected(503, "no worker is running")
         waiting = sum(len(w.waiting) for w in self.workers if w.alive)
@@ -234,7 +234,7 @@ class Router:
         for rid in aborts:
             self._drop(worker_id, rid)
         if aborts:
-            self._room_freed()
+            self._retry_stalled()
 
     def _fail_requests(self, worker_id: int, rids: list[int], reason: str, status: int) -> None:
         """End ``rids`` on ``worker_id`` with an error (their KV freed at its next command); the
@@ -242,10 +242,6 @@ class Router:
         for rid in rids:
             self._drop(worker_id, rid)
             self._fail(rid, reason, status)
-        self._room_freed()
-
-    def _room_freed(self) -> None:
-        """KV or seats were freed: whatever waits for room (stalled migrations) tries again."""
         self._retry_stalled()
 
     def _drop(self, worker_id: int, rid: int) -> None:
@@ -268,7 +264,7 @@ class Router:
             if handle is not None:
                 self._finish(handle, "stop" if finished.reason == "eos" else "length")
         if booked.finished:
-            self._room_freed()
+            self._retry_stalled()
         for req in booked.prefilled:
             if req.id in self.handles:
                 asyncio.create_task(self._migrate(req, worker_id))
@@ -319,7 +315,7 @@ class Router:
         target.incoming.pop(req.id, None)
         self._frees[target.id].append(req.id)
         self._wake(target.id)
-        self._room_freed()
+        self._retry_stalled()
 
     def _migration_failed(self, req: Request, source_id: int, target: WorkerState, exc: Exception) -> None:
         self._unexpect(target, req)
@@ -337,6 +333,8 @@ class Router:
         self._fail(req.id, "no live worker is left to decode it")
 
     def _retry_stalled(self) -> None:
+        """The one place that wakes work waiting for room: call it whenever KV or seats are freed
+        (finishes, aborts, failed steps, cancelled migrations, deaths, revivals)."""
         stalled, self._stalled = self._stalled, []
         for req, source_id in stalled:
             if req.id in self.handles:

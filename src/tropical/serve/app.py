@@ -44,8 +44,6 @@ from tropical.serve.worker_handle import WorkerHandle
 PATH_HEADER = "x-tropical-path"
 DISCONNECT_POLL_S = 0.5
 MIB = 1 << 20
-ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 429: "rate_limit_exceeded"}
 
 
 @dataclass
@@ -75,8 +73,10 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         """Unknown paths and methods get OpenAI's error shape too, not FastAPI's {"detail": ...}."""
-        kind = ERROR_TYPES.get(exc.status_code, "invalid_request_error")
-        return error_response(APIError(exc.status_code, str(exc.detail), kind))
+        status = exc.status_code
+        kind = "not_found_error" if status == 404 else (
+            "invalid_request_error" if status < 500 else "server_error")
+        return error_response(APIError(status, str(exc.detail), kind))
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception) -> JSONResponse:
@@ -142,7 +142,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with a 413 as soon as it is known to exceed ``limit`` bytes: from its
     Content-Length before reading any of it, else while it streams in."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isdigit() and (len(declared) > len(str(limit)) or int(declared) > limit):
         raise too_large(limit)
     parts, size = [], 0
     async for chunk in request.stream():

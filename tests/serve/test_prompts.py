@@ -28,7 +28,8 @@ class CountingTokenizer:
 @pytest.mark.parametrize("chat", [False, True])
 def test_text_beyond_the_bound_is_refused_without_tokenizing(chat: bool) -> None:
     text = "a" * (100 * CHARS_PER_TOKEN_BOUND + 1)
-    gen = GenerationRequest("m", chat, "" if chat else text, [{"role": "user", "content": text}] if chat else None)
+    messages = [{"role": "user", "content": text}] if chat else None
+    gen = GenerationRequest("m", chat, "" if chat else text, messages)
     tokenizer = CountingTokenizer()
     with pytest.raises(APIError) as caught:
         to_submission(gen, tokenizer, max_model_len=100)  # type: ignore[arg-type]

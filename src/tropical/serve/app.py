@@ -5,7 +5,7 @@ events out. A streamed response starts once the first token exists, so its heade
 path the request took and a request that fails before any output gets a proper error status.
 
 Nothing a client sends may stall the event loop every request shares: bodies are read with a size
-cap before parsing, and prompts are tokenized in a thread, after a cheap length check.
+cap, then parsed and tokenized in a thread (after a cheap length check).
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ async def generate(state: ServerState, request: Request,
                    parse: Callable[[bytes, dict], GenerationRequest]) -> Response:
     authorize(state, request)
     router = ready(state)
-    gen = parse(await read_body(request, state.max_body_bytes), dict(request.headers))
+    body = await read_body(request, state.max_body_bytes)
+    gen = await asyncio.to_thread(parse, body, dict(request.headers))
     if gen.model != state.model_id:
         raise APIError(404, f"model {shown(gen.model)} does not exist; this server serves "
                             f"{shown(state.model_id)}", "not_found_error", param="model",

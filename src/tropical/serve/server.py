@@ -24,6 +24,10 @@ from tropical.serve.auth import resolve_api_key
 from tropical.serve.launch import launch
 from tropical.serve.options import ServeOptions
 
+FLUSH_S = 5
+"""uvicorn's own graceful shutdown, after the router's drain: time for the last responses (error
+events included) to be written before connections are closed."""
+
 
 def build_app(options: ServeOptions, state: ServerState) -> FastAPI:
     """The app; with an API key the generated API docs (/docs, /redoc, /openapi.json) are off, since
@@ -99,5 +103,5 @@ def serve(options: ServeOptions) -> None:
                         api_key=resolve_api_key(options.api_key, options.api_key_file, os.environ),
                         max_body_bytes=int(options.max_body_mb * MIB))
     config = uvicorn.Config(build_app(options, state), host=options.host, port=options.port,
-                            log_level="warning", timeout_graceful_shutdown=int(options.drain_timeout))
+                            log_level="warning", timeout_graceful_shutdown=FLUSH_S)
     DrainingServer(config, state, options.drain_timeout).run()

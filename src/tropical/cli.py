@@ -220,7 +220,10 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
                    "be pinned: prefill@node:10.0.0.5,multiplex@gpu",
         "threads": "torch threads per worker",
         "profile": "latency profile JSON (default: measure quickly at start-up)",
-        "api_key": "require 'Authorization: Bearer KEY'",
+        "api_key": "require 'Authorization: Bearer KEY' (ps shows it: prefer --api-key-file or "
+                   "$TROPICAL_API_KEY / $VLLM_API_KEY)",
+        "api_key_file": "read the API key from the first line of this file",
+        "max_body_mb": f"larger request bodies get 413 before they are read (default {d.max_body_mb})",
         "slo_ttft_ms": "default TTFT SLO (else --slo-scale x light load)",
         "slo_tpot_ms": "default TPOT SLO (else --slo-scale x light load)",
         "kv_tokens": "KV cache tokens per worker",

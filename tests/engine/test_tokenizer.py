@@ -114,3 +114,9 @@ def test_gguf_unsupported_model(raw: RawTokenizer) -> None:
     vocab.model = "llama"
     with pytest.raises(ValueError, match="unsupported GGUF tokenizer model 'llama'"):
         Tokenizer.from_gguf_vocab(vocab)
+
+
+def test_encoding_without_the_gil_gives_the_same_ids(hf_dir: Path) -> None:
+    tok = Tokenizer.from_hf_dir(hf_dir)
+    text = "Hello, world! <|im_start|>déjà vu 123\n" * 50
+    assert tok.encode_without_gil(text) == tok.encode(text) and tok.encode(text)

@@ -18,7 +18,9 @@ MODEL = "tiny-random"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("serve"), "--api-key", KEY, "--max-model-len", "256") as s:
+    tmp = tmp_path_factory.mktemp("serve")
+    (tmp / "key").write_text(KEY + "\n")
+    with live_server(tmp, "--api-key-file", str(tmp / "key"), "--max-model-len", "256") as s:
         yield s
 
 
@@ -138,5 +140,22 @@ def test_metrics_parse_and_count(server: LiveServer, client: openai.OpenAI) -> N
 
 def test_log_file_is_clean(server: LiveServer) -> None:
     assert "Traceback" not in server.output()
+
+
+def test_the_key_is_never_printed(server: LiveServer) -> None:
+    assert KEY not in server.output() and "Authorization: Bearer $TROPICAL_API_KEY" in server.output()
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
+def test_api_docs_are_off_behind_a_key(server: LiveServer, path: str) -> None:
+    assert httpx.get(f"{server.url}{path}", timeout=5).status_code == 404
+
+
+def test_health_shows_pids_and_nodes_only_with_the_key(server: LiveServer) -> None:
+    probe = httpx.get(f"{server.url}/health", timeout=5).json()
+    keyed = httpx.get(f"{server.url}/health", headers={"authorization": f"Bearer {KEY}"}, timeout=5).json()
+    assert probe["status"] == "ok" and [w["role"] for w in probe["workers"]] == ["prefill", "multiplex"]
+    assert not any("pid" in w or "node" in w for w in probe["workers"])
+    assert all(w["pid"] and w["node"] == "local" for w in keyed["workers"])
 
 

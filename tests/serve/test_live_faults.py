@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -73,7 +75,22 @@ def test_losing_every_decoding_worker_answers_503(tmp_path: Path) -> None:
         assert eventually(lambda: not server.health()["workers"][decode["id"]]["alive"])
         reply = httpx.post(f"{server.url}/v1/completions", json={**BODY, "max_tokens": 5}, timeout=30)
         assert reply.status_code == 503 and "decodes" in reply.json()["error"]["message"]
-        assert server.health()["status"] == "ok"
+        health = httpx.get(f"{server.url}/health", timeout=5)
+        assert health.status_code == 503 and "decodes" in health.json()["reason"], "health tells the truth"
+
+
+def test_a_non_streaming_request_whose_worker_dies_mid_generation_gets_503(tmp_path: Path) -> None:
+    with live_server(tmp_path, "--policy", "colocated", "--workers", "1") as server:
+        pid = server.health()["workers"][0]["pid"]
+        with ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(httpx.post, f"{server.url}/v1/completions",
+                                json={**BODY, "max_tokens": 1000}, timeout=60)
+            assert eventually(lambda: any(_gauges(server, "tropical_worker_running")), 20)
+            time.sleep(0.3)
+            os.kill(pid, signal.SIGKILL)
+            answer = reply.result(60)
+        assert answer.status_code == 503, answer.text
+        assert "died after this request had generated" in answer.json()["error"]["message"]
 
 
 def test_overload_answers_429_with_a_reason(tmp_path: Path) -> None:
@@ -103,3 +120,19 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
         assert '"completion_tokens":300' in "".join(rest)
         assert stop(server) in (0, -signal.SIGTERM), "uvicorn re-raises SIGTERM once drained"
         assert "draining" in server.output() and "stopped" in server.output()
+
+
+def test_sigterm_answers_503_meanwhile_and_ends_streams_past_the_drain_timeout_with_an_error(
+        tmp_path: Path) -> None:
+    with live_server(tmp_path, "--policy", "colocated", "--drain-timeout", "0.2") as server, httpx.stream(
+            "POST", f"{server.url}/v1/completions", json={**BODY, "max_tokens": 1000, "stream": True},
+            timeout=60) as reply:
+        lines = reply.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        os.kill(server.pid, signal.SIGTERM)
+        assert eventually(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503, 5)
+        late = httpx.post(f"{server.url}/v1/completions", json={**BODY, "max_tokens": 5}, timeout=10)
+        assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+        rest = [line for line in lines if line]
+        assert "drain timeout" in rest[-2] and '"error"' in rest[-2] and rest[-1] == "data: [DONE]"
+        assert stop(server) in (0, -signal.SIGTERM)

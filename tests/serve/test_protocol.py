@@ -241,3 +241,54 @@ def test_models_body_lists_openai_models() -> None:
     model = Model.model_validate(out["data"][0])
     assert (model.id, model.object, model.owned_by, model.created) == ("tiny-random", "model", "tropical", 7)
     assert out["data"][0]["max_model_len"] == 1024
+
+
+@pytest.mark.parametrize(("raw", "param", "says"), [
+    (b'{"model": "m", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "max_tokens", "digits"),
+    (b'{"model": "m", "prompt": [' * 1 + b"[" * 100_000 + b"]" * 100_001 + b"}", "prompt", "deeply"),
+    (b'{"model": "m", "stop": {"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}", "stop", "deeply"),
+    (b"[" * 100_000 + b"]" * 100_000, None, "the request body"),
+])
+def test_json_python_cannot_hold_is_a_400_naming_the_field(raw: bytes, param: str | None, says: str) -> None:
+    error = refused(parse_completion, raw)
+    assert error.param == param and says in error.message
+
+
+@pytest.mark.parametrize(("raw", "param"), [
+    (b'{"model": "m", "prompt": "a\\ud800b"}', "prompt"),
+    (b'{"model": "m", "prompt": "hi", "stop": ["\\udc00"]}', "stop"),
+])
+def test_a_lone_surrogate_is_a_400_naming_the_field(raw: bytes, param: str) -> None:
+    assert refused(parse_completion, raw).param == param
+
+
+def test_a_lone_surrogate_in_a_message_names_messages() -> None:
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    assert refused(parse_chat, raw).param == "messages"
+
+
+def test_a_surrogate_pair_is_text() -> None:
+    assert parse_completion(b'{"model": "m", "prompt": "\\ud83d\\ude00"}', {}).prompt == "\U0001f600"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"logprobs": 0}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"echo": True}, "echo"),
+    ({"best_of": 2}, "best_of"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_unsupported_openai_fields_are_refused_by_name(fields: dict, param: str) -> None:
+    error = refused(parse_chat, body(CHAT, **fields))
+    assert error.param == param and "not supported" in error.message
+
+
+@pytest.mark.parametrize("fields", [
+    {"logprobs": None}, {"logprobs": False}, {"echo": False}, {"best_of": 1}, {"tools": []},
+    {"response_format": {"type": "text"}}, {"frequency_penalty": 0.0}, {"presence_penalty": 0},
+])
+def test_unsupported_fields_that_ask_for_nothing_are_accepted(fields: dict) -> None:
+    assert parse_chat(body(CHAT, **fields), {}).chat

@@ -8,10 +8,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+GREEDY_BELOW = 1e-5
+"""Temperatures under this sample greedily, as in vLLM: dividing logits by a tinier one overflows
+to inf and the softmax to nan, and the distribution is one-hot long before that."""
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 switch those filters off."""
+    """temperature 0 (or below ``GREEDY_BELOW``) means greedy; top_k 0 and top_p 1 switch those
+    filters off."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -30,4 +34,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW

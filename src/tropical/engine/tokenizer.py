@@ -69,6 +69,12 @@ class Tokenizer:
         """Encode as-is: special tokens written in the text (from a chat template) are kept."""
         return self.raw.encode(text, add_special_tokens=False).ids
 
+    def encode_without_gil(self, text: str) -> list[int]:
+        """``encode`` through ``encode_batch``, the one call of `tokenizers` that releases the GIL
+        while it works: a server tokenizing a long prompt in a thread keeps its event loop running
+        (``encode`` held it for the whole 14 s of a 3M-character text, measured)."""
+        return self.raw.encode_batch([text], add_special_tokens=False)[0].ids
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.raw.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -3,11 +3,15 @@
 Handlers only translate: wire format in (``protocol``), tokens (``prompts``), the router's
 events out. A streamed response starts once the first token exists, so its headers can say which
 path the request took and a request that fails before any output gets a proper error status.
+
+Nothing a client sends may stall the event loop every request shares: bodies are read with a size
+cap, then parsed and tokenized in a thread (after a cheap length check).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -15,7 +19,9 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
+from tropical.serve.auth import key_matches
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.prompts import to_submission
 from tropical.serve.protocol import (
@@ -26,15 +32,18 @@ from tropical.serve.protocol import (
     models_body,
     parse_chat,
     parse_completion,
+    shown,
     sse,
     stream_chunk,
     usage_chunk,
 )
 from tropical.serve.router import Rejected, Router
 from tropical.serve.streams import Event, RequestHandle
+from tropical.serve.worker_handle import WorkerHandle
 
 PATH_HEADER = "x-tropical-path"
 DISCONNECT_POLL_S = 0.5
+MIB = 1 << 20
 
 
 @dataclass
@@ -43,6 +52,7 @@ class ServerState:
 
     model_id: str
     api_key: str | None = None
+    max_body_bytes: int = 4 * MIB
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     router: Router | None = None
     max_model_len: int = 0
@@ -60,15 +70,33 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        """Unknown paths and methods get OpenAI's error shape too, not FastAPI's {"detail": ...}."""
+        status = exc.status_code
+        kind = "not_found_error" if status == 404 else (
+            "invalid_request_error" if status < 500 else "server_error")
+        return error_response(APIError(status, str(exc.detail), kind))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        """A bug still answers in OpenAI's shape (uvicorn logs the traceback; the body names only
+        the exception's type)."""
+        return error_response(APIError(500, f"internal server error ({type(exc).__name__})", "server_error"))
+
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        """200 only when a request could be served now; worker PIDs and nodes only with the key."""
         router = state.router
-        workers = [] if router is None else [
-            {"id": w.id, "role": w.role.value, "pid": c.pid, "node": c.node, "alive": c.alive}
-            for w, c in zip(router.workers, router.clients, strict=True)]
-        ok = router is not None and any(w["alive"] for w in workers) and not router.draining
-        return JSONResponse({"status": "ok" if ok else "unavailable", "workers": workers},
-                            status_code=200 if ok else 503)
+        reason = "starting" if router is None else router.unavailable
+        body: dict = {"status": "ok" if reason is None else "unavailable"}
+        if reason is not None:
+            body["reason"] = reason
+        if router is not None:
+            full = has_key(state, request)
+            body["workers"] = [worker_health(w.id, w.role.value, c, full)
+                               for w, c in zip(router.workers, router.clients, strict=True)]
+        return JSONResponse(body, status_code=200 if reason is None else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -89,30 +117,58 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         return await generate(state, request, parse_chat)
 
 
+def worker_health(worker_id: int, role: str, client: WorkerHandle, full: bool) -> dict:
+    about: dict = {"id": worker_id, "role": role, "alive": client.alive}
+    return {**about, "pid": client.pid, "node": client.node} if full else about
+
+
 def ready(state: ServerState) -> Router:
     if state.router is None:
         raise APIError(503, "the server is starting; try again when /health says ok", "server_error")
     return state.router
 
 
+def has_key(state: ServerState, request: Request) -> bool:
+    return state.api_key is None or key_matches(state.api_key, request.headers.get("authorization", ""))
+
+
 def authorize(state: ServerState, request: Request) -> None:
-    if state.api_key is None:
-        return
-    header = request.headers.get("authorization", "")
-    if header != f"Bearer {state.api_key}":
+    if not has_key(state, request):
         raise APIError(401, "incorrect or missing API key (send 'Authorization: Bearer <key>')",
                        "authentication_error", code="invalid_api_key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with a 413 as soon as it is known to exceed ``limit`` bytes: from its
+    Content-Length before reading any of it, else while it streams in."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) > len(str(limit)) or int(declared) > limit):
+        raise too_large(limit)
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than this server's limit of {limit / MIB:g} MiB "
+                         f"(--max-body-mb)", code="request_too_large")
 
 
 async def generate(state: ServerState, request: Request,
                    parse: Callable[[bytes, dict], GenerationRequest]) -> Response:
     authorize(state, request)
     router = ready(state)
-    gen = parse(await request.body(), dict(request.headers))
+    body = await read_body(request, state.max_body_bytes)
+    gen = await asyncio.to_thread(parse, body, dict(request.headers))
     if gen.model != state.model_id:
-        raise APIError(404, f"model {gen.model!r} does not exist; this server serves {state.model_id!r}",
-                       "not_found_error", param="model", code="model_not_found")
-    submission = to_submission(gen, router.tokenizer, state.max_model_len)
+        raise APIError(404, f"model {shown(gen.model)} does not exist; this server serves "
+                            f"{shown(state.model_id)}", "not_found_error", param="model",
+                       code="model_not_found")
+    submission = await asyncio.to_thread(to_submission, gen, router.tokenizer, state.max_model_len)
     try:
         handle = router.submit(submission)
     except Rejected as exc:
@@ -128,7 +184,7 @@ async def generate(state: ServerState, request: Request,
     if first is None:
         return Response(status_code=499)
     if first.error is not None:
-        raise APIError(500, first.error, "server_error")
+        raise APIError(first.status, first.error, "server_error")
     if gen.stream:
         return StreamingResponse(reply.stream(request, first), media_type="text/event-stream",
                                  headers=reply.headers())
@@ -142,6 +198,7 @@ class Reply:
                  request_id: str) -> None:
         self.state, self.router, self.handle, self.gen, self.id = state, router, handle, gen, request_id
         self.created = int(time.time())
+        self.polled = time.monotonic()
 
     def headers(self) -> dict[str, str]:
         req = self.handle.req
@@ -149,14 +206,18 @@ class Reply:
                 "x-tropical-prefill-worker": str(req.prefill_worker)}
 
     async def next_event(self, request: Request) -> Event | None:
-        """The next event, or None if the client hung up meanwhile (the request is then aborted)."""
+        """The next event, or None if the client hung up meanwhile (the request is then aborted).
+        The client is asked every DISCONNECT_POLL_S even while events keep coming, so a request
+        whose client left stops generating promptly however fast it runs."""
         while True:
-            try:
-                return await asyncio.wait_for(self.handle.events.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
+            if time.monotonic() >= self.polled + DISCONNECT_POLL_S:
+                self.polled = time.monotonic()
                 if await request.is_disconnected():
                     self.router.abort(self.handle.req.id)
                     return None
+            wait = self.polled + DISCONNECT_POLL_S - time.monotonic()
+            with contextlib.suppress(asyncio.TimeoutError):
+                return await asyncio.wait_for(self.handle.events.get(), wait)
 
     async def whole(self, request: Request, first: Event) -> Response:
         parts, event = [first.text], first
@@ -166,7 +227,7 @@ class Reply:
                 return Response(status_code=499)
             parts.append(event.text)
         if event.error is not None:
-            raise APIError(500, event.error, "server_error")
+            raise APIError(event.status, event.error, "server_error")
         body = completion_body(self.id, self.state.model_id, self.created, "".join(parts),
                                event.finish_reason or "stop", self.handle.req.prompt_len,
                                self.handle.completion_tokens, self.gen.chat)
@@ -178,7 +239,7 @@ class Reply:
         try:
             while True:
                 if event.error is not None:
-                    yield sse(APIError(500, event.error, "server_error").body())
+                    yield sse(APIError(event.status, event.error, "server_error").body())
                     break
                 if event.text or event.final or index == 0:
                     yield sse(stream_chunk(self.id, model, self.created, event.text, event.finish_reason,

@@ -30,6 +30,8 @@ class ServeOptions(PolicyConfig):
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    api_key_file: str | None = None
+    max_body_mb: float = 4.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_scale: float = 5.0
@@ -52,6 +54,8 @@ class ServeOptions(PolicyConfig):
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not self.max_body_mb > 0:
+            raise ValueError(f"--max-body-mb must be more than 0, got {self.max_body_mb}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.backend not in BACKENDS:

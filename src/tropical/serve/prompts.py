@@ -1,7 +1,8 @@
 """From a validated OpenAI request to the router's Submission: tokens, limits and sampling.
 
 Everything here needs the model (its tokenizer, template and context), which the wire format
-does not know; every refusal is a 400 naming the field.
+does not know; every refusal is a 400 naming the field. The app runs this in a thread: tokenizing
+a long text takes long, and text too long for any tokenizer to fit the context is refused first.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from tropical.serve.streams import Submission
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's documented default for /v1/completions; chat defaults to the rest of the context."""
+CHARS_PER_TOKEN_BOUND = 32
+"""More characters than one token of any real tokenizer covers on average (English runs ~4): text
+longer than the context times this cannot fit, so it is refused without tokenizing it."""
 
 
 def to_submission(gen: GenerationRequest, tokenizer: Tokenizer, max_model_len: int) -> Submission:
-    prompt_ids = _prompt_ids(gen, tokenizer)
     field = "messages" if gen.chat else "prompt"
+    _check_text_length(gen, max_model_len, field)
+    prompt_ids = _prompt_ids(gen, tokenizer)
     if len(prompt_ids) >= max_model_len:
         raise APIError(400, f"the prompt is {len(prompt_ids)} tokens; this model's context is "
                             f"{max_model_len} tokens, which leaves no room to generate", param=field,
@@ -36,13 +41,23 @@ def to_submission(gen: GenerationRequest, tokenizer: Tokenizer, max_model_len: i
                       gen.slo_ttft_ms, gen.slo_tpot_ms, gen.retry)
 
 
+def _check_text_length(gen: GenerationRequest, max_model_len: int, field: str) -> None:
+    if isinstance(gen.prompt, list):
+        return
+    chars = sum(len(m["content"]) for m in gen.messages or []) if gen.chat else len(gen.prompt)
+    if chars > max_model_len * CHARS_PER_TOKEN_BOUND:
+        raise APIError(400, f"the prompt is {chars} characters, far more than this model's "
+                            f"{max_model_len}-token context holds", param=field,
+                       code="context_length_exceeded")
+
+
 def _prompt_ids(gen: GenerationRequest, tokenizer: Tokenizer) -> list[int]:
     if gen.chat:
         if not tokenizer.chat_template:
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        ids = tokenizer.encode(tokenizer.apply_chat_template(gen.messages or []))
+        ids = tokenizer.encode_without_gil(tokenizer.apply_chat_template(gen.messages or []))
     elif isinstance(gen.prompt, str):
-        ids = tokenizer.encode(gen.prompt)
+        ids = tokenizer.encode_without_gil(gen.prompt)
     else:
         ids = list(gen.prompt)
         vocab = tokenizer.vocab_size

@@ -1,14 +1,17 @@
 """The OpenAI wire format: parse /v1/completions and /v1/chat/completions bodies, build the responses.
 
 Pure functions over bytes and dicts, so every rule about bad input is testable without a server. Errors
-name the offending field in `param`, the way OpenAI's API does; fields we do not know are ignored, since
-real clients send many.
+name the offending field in `param`, the way OpenAI's API does. Fields we do not know are ignored, since
+real clients send many; OpenAI fields we know but do not implement are refused when they ask for
+something (`UNSUPPORTED`), since ignoring them would answer a different question than the one asked.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +19,17 @@ from typing import Any
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOPS = 4
 SSE_DONE = b"data: [DONE]\n\n"
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+"""A JSON escape of a UTF-16 surrogate: only bodies with one can hold a lone surrogate."""
+WHITESPACE = re.compile(r"[ \t\n\r]*")
+DECODER = json.JSONDecoder()
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}), "presence_penalty": (None, 0.0, 0), "frequency_penalty": (None, 0.0, 0),
+}
+"""OpenAI fields this server does not implement, with the values that ask for nothing."""
 
 
 class APIError(Exception):
@@ -71,9 +85,51 @@ def load_body(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from e
+    except (ValueError, RecursionError) as e:
+        raise unholdable(body, e) from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
+    if SURROGATE_ESCAPE.search(body):
+        check_surrogates(data)
     return data
+
+
+def unholdable(body: bytes, error: ValueError | RecursionError) -> APIError:
+    """Valid JSON that Python will not hold: an integer of thousands of digits, or nesting deeper
+    than the recursion limit. Named by the top-level field it sits in, found by parsing field by field."""
+    param = failing_field(body.decode("utf-8", errors="replace"))
+    where = param or "the request body"
+    if isinstance(error, RecursionError):
+        return APIError(400, f"{where} nests arrays or objects too deeply", param=param)
+    limit = sys.get_int_max_str_digits()
+    return APIError(400, f"{where} holds an integer of more than {limit} digits", param=param)
+
+
+def failing_field(text: str) -> str | None:
+    """The key of the first top-level field whose value fails to parse (None if none does, or the
+    body is not an object)."""
+    pos = WHITESPACE.match(text, 0).end()
+    if not text.startswith("{", pos):
+        return None
+    while text[pos:pos + 1] in ("{", ","):
+        key = None
+        try:
+            key, pos = DECODER.raw_decode(text, WHITESPACE.match(text, pos + 1).end())
+            pos = WHITESPACE.match(text, pos).end()
+            _, pos = DECODER.raw_decode(text, WHITESPACE.match(text, pos + 1).end())
+        except (ValueError, RecursionError):
+            return key if isinstance(key, str) else None
+        pos = WHITESPACE.match(text, pos).end()
+    return None
+
+
+def check_surrogates(data: dict[str, Any]) -> None:
+    """A lone surrogate ("\\ud800") parses, but no tokenizer or UTF-8 reply can carry it."""
+    for name, value in data.items():
+        try:
+            json.dumps([name, value], ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise invalid(name, f"{name} holds a lone UTF-16 surrogate, which is not text") from None
 
 
 def build_request(
@@ -82,6 +138,7 @@ def build_request(
 ) -> GenerationRequest:
     """The fields both endpoints share, each checked by its own rule."""
     check_n(data.get("n"))
+    check_unsupported(data)
     stream = boolean(data, "stream", False)
     return GenerationRequest(
         model=model_name(data.get("model")),
@@ -136,6 +193,14 @@ def model_name(value: Any) -> str:
 def check_n(value: Any) -> None:
     if value is not None and value != 1:
         raise invalid("n", f"n must be 1 (one choice per request), got {shown(value)}")
+
+
+def check_unsupported(data: dict[str, Any]) -> None:
+    for name, harmless in UNSUPPORTED.items():
+        value = data.get(name)
+        if not any(value == h and type(value) is type(h) for h in harmless):
+            raise invalid(name, f"{name} is not supported by this server, got {shown(value)}; leave it "
+                                f"out (or send {shown(harmless[-1])})")
 
 
 def boolean(data: dict[str, Any], name: str, default: bool, within: str = "") -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -34,6 +35,9 @@ from tropical.serve.worker_handle import WorkerDied, WorkerError, WorkerHandle
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router does not
     from tropical.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class Rejected(Exception):
@@ -127,7 +131,7 @@ class Router:
 
     def _check_capacity(self) -> None:
         if self.draining:
-            raise Rejected(503, "the server is shutting down")
+            raise Rejected(503, SHUTTING_DOWN)
         if not any(c.alive for c in self.clients):
             raise Rejected(503, "no worker is running")
         waiting = sum(len(w.waiting) for w in self.workers if w.alive)
@@ -177,13 +181,20 @@ class Router:
             self._carry_out(self.cluster.abort(rid, self.clock()))
 
     async def _drive(self, worker_id: int) -> None:
-        """Run this worker's iterations back to back while it has work; sleep otherwise."""
+        """Run this worker's iterations back to back while it has work; sleep otherwise. A bug in
+        a step must not end the driver silently (every later request would hang): it fails the
+        worker's requests, which leaves its state clean, and the driver goes on."""
         wakeup, client = self._wakeups[worker_id], self.clients[worker_id]
         while client.alive:
             await wakeup.wait()
             wakeup.clear()
-            while client.alive and await self._step(worker_id):
-                pass
+            try:
+                while client.alive and await self._step(worker_id):
+                    pass
+            except Exception as exc:  # noqa: BLE001 - logged, and the worker's requests hear of it
+                log.exception("worker %d's driver failed; failing its requests", worker_id)
+                self._fail_requests([r.id for r in self.cluster.on_worker(worker_id)],
+                                    f"internal error on worker {worker_id}: {exc!r}")
 
     async def _step(self, worker_id: int) -> bool:
         """One iteration; False when the worker has nothing to run."""
@@ -200,9 +211,15 @@ class Router:
         spec = step_spec(batch, worker.running, self.sequences)
         predicted = worker.latency.iteration_time(batch.shape)
         self.cluster.expect_end(worker_id, start + predicted)
-        done: StepDone | None = await self._call(worker_id, Step(spec, frees))
-        if done is None:
+        try:
+            done: StepDone = await self.clients[worker_id].call(Step(spec, frees))
+        except WorkerDied:
             return False
+        except WorkerError as exc:
+            self.cluster.expect_end(worker_id, self.clock())
+            self._fail_requests([span.seq_id for span in spec.spans],
+                                f"the step running this request failed: {exc}")
+            return True
         end = self.clock()
         eos = record_tokens(done.tokens, self.sequences, self.eos)
         booking = self.cluster.book(worker_id, batch, end, eos=eos)
@@ -261,15 +278,31 @@ class Router:
         self.metrics.record_migration(req.migration_time, req.prompt_len)
         self._carry_out(self.cluster.migrated(req, source, target))
 
+    def _fail_requests(self, rids: list[int], reason: str) -> None:
+        """Between iterations: end ``rids`` with an internal error (500) and drop them from the
+        cluster, which frees their KV and wakes what waited for it; every other request goes on."""
+        for rid in rids:
+            handle = self.handles.get(rid)
+            self.sequences.pop(rid, None)
+            self._carry_out(self.cluster.abort(rid, self.clock()))
+            if handle is not None:
+                self._end_with_error(handle, reason, 500)
+
     def _fail(self, req: Request, reason: str) -> None:
-        """End ``req``'s stream with ``reason`` (unless it ended, or was re-run as a new request)."""
+        """End ``req``'s stream with ``reason`` (unless it ended, or was re-run as a new request):
+        the cluster has dropped it, so the server could not serve it (503)."""
         handle = self.handles.get(req.id)
         if handle is None or handle.req is not req:
             return
-        del self.handles[req.id]
         self.sequences.pop(req.id, None)
-        req.fail(self.clock(), reason)
-        handle.end(error=reason)
+        self._end_with_error(handle, reason, 503)
+
+    def _end_with_error(self, handle: RequestHandle, reason: str, status: int) -> None:
+        """End a stream with an error event mapped to ``status`` (503: the server could not serve
+        it now; 500: an internal failure); the cluster's copy is the caller's business."""
+        del self.handles[handle.req.id]
+        handle.req.fail(self.clock(), reason)
+        handle.end(error=reason, status=status)
         self.metrics.record_request("failed")
 
     def _worker_died(self, worker_id: int) -> None:
@@ -288,9 +321,10 @@ class Router:
         self._carry_out(effects)
 
     def _death_note(self, worker_id: int, handle: RequestHandle) -> str:
-        why = ("after this request had started streaming" if handle.completion_tokens
+        why = (f"after this request had generated {handle.completion_tokens} tokens (a request "
+               f"runs again elsewhere only before its first token)" if handle.completion_tokens
                else "and this request asked not to be retried")
-        return f"worker {worker_id} (pid {self.clients[worker_id].pid}) died {why}"
+        return f"worker {worker_id} died {why}"
 
     def revive(self, worker_id: int) -> None:
         """A restarted worker serves again: a fresh state (empty KV pool) with the old role, rules,
@@ -322,9 +356,23 @@ class Router:
         self.metrics.set_worker(worker.id, worker.role.value, len(worker.running), len(worker.waiting),
                                 used, alive=worker.alive, node=self.clients[worker.id].node)
 
+    @property
+    def unavailable(self) -> str | None:
+        """Why no new request could be served now (for /health), or None when one could: the
+        admission rules applied to the smallest request."""
+        if self.draining:
+            return SHUTTING_DOWN
+        return self.cluster.admission_error(Request(-1, self.clock(), 1, 1, SLO(1.0, 1.0)))
+
     async def drain(self, timeout: float) -> None:
-        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish."""
+        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish; those
+        still running then end with an error saying why, so no stream is cut without one (their
+        KV is dropped at their worker's next boundary, as for a client that left)."""
         self.draining = True
         deadline = self.clock() + timeout
         while self.handles and self.clock() < deadline:
             await asyncio.sleep(0.05)
+        for handle in list(self.handles.values()):
+            self._end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
+                                         "request finished", 503)
+            self._abort_on(self.cluster.where(handle.req.id), handle.req.id)

@@ -32,12 +32,14 @@ class Submission:
 @dataclass(frozen=True, slots=True)
 class Event:
     """New text and how many tokens produced it; the last event has ``finish_reason`` ("stop",
-    "length") or ``error``."""
+    "length") or ``error``, with the HTTP ``status`` that error maps to (503: the server could not
+    serve it now, e.g. its worker died; 500: an internal failure)."""
 
     text: str
     tokens: int
     finish_reason: str | None = None
     error: str | None = None
+    status: int = 500
 
     @property
     def final(self) -> bool:
@@ -67,11 +69,11 @@ class RequestHandle:
             self.events.put_nowait(Event(delta, len(tokens)))
         return self.text.stopped
 
-    def end(self, finish_reason: str | None = None, error: str | None = None) -> None:
+    def end(self, finish_reason: str | None = None, error: str | None = None, status: int = 500) -> None:
         """The final event (once): what the stream still held, and why it ended."""
         if self.ended:
             return
         self.ended = True
         tail = self.text.finish() if error is None else ""
         reason = "stop" if self.text.stopped else finish_reason
-        self.events.put_nowait(Event(tail, 0, None if error else reason, error))
+        self.events.put_nowait(Event(tail, 0, None if error else reason, error, status))

@@ -12,6 +12,7 @@ from pathlib import Path
 from tropical.bench.config import add_bench_options
 from tropical.config import PRESETS, SimConfig, read_config_file
 from tropical.report.tables import capacity_table, render, summary_table
+from tropical.workload.flags import WORKLOAD_HELP
 
 
 def _parse_bool(text: str) -> bool:
@@ -30,7 +31,8 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
         helps = {"cluster": f"preset: {', '.join(PRESETS)}",
                  "profile": "fitted latency profile JSON (default: calibrated roofline)",
                  "rate_scale": "multiply the trace's request rate",
-                 "limit": "first N requests of the trace"}
+                 "limit": "first N requests of the trace",
+                 **WORKLOAD_HELP}
         parser.add_argument(flag, type=kind, default=None, help=helps.get(f.name))
     parser.add_argument("--config", help="TOML or JSON file of the settings above")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass, fields
 
 from tropical.core.slo import SLO
+from tropical.workload.flags import WORKLOAD_HELP
+from tropical.workload.transform import LengthBounds
 
 PROMPT_FORMATS = ("ids", "text")
 
@@ -28,6 +30,12 @@ class BenchConfig:
     prompt_format: str = "ids"
     timeout: float = 600.0
     out: str | None = None
+    rate: float | None = None
+    arrival_cv: float = 1.0
+    min_input: int | None = None
+    max_input: int | None = None
+    min_output: int | None = None
+    max_output: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("rate_scale", "length_scale", "slo_ttft_ms", "slo_tpot_ms", "timeout"):
@@ -36,6 +44,11 @@ class BenchConfig:
         if self.prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt format {self.prompt_format!r}; choose from "
                              f"{', '.join(PROMPT_FORMATS)}")
+
+    @property
+    def bounds(self) -> LengthBounds:
+        """Length clamps, applied after ``length_scale``."""
+        return LengthBounds(self.min_input, self.max_input, self.min_output, self.max_output)
 
     @property
     def slo(self) -> SLO:
@@ -55,9 +68,14 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate-scale", type=float, default=c.rate_scale,
                         help="multiply the trace's request rate (arrivals divided by it)")
     parser.add_argument("--length-scale", type=float, default=c.length_scale,
-                        help="multiply prompt and output lengths")
+                        help="multiply prompt and output lengths (before the length bounds)")
+    for name in ("min_input", "max_input", "min_output", "max_output"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(c, name),
+                            help=WORKLOAD_HELP[name])
     parser.add_argument("--limit", type=int, default=c.limit, help="first N requests of the trace")
-    parser.add_argument("--arrivals", default=c.arrivals, help="trace, spread or poisson (as in sim)")
+    parser.add_argument("--arrivals", default=c.arrivals, help=WORKLOAD_HELP["arrivals"])
+    parser.add_argument("--rate", type=float, default=c.rate, help=WORKLOAD_HELP["rate"])
+    parser.add_argument("--arrival-cv", type=float, default=c.arrival_cv, help=WORKLOAD_HELP["arrival_cv"])
     parser.add_argument("--seed", type=int, default=c.seed, help="seed of arrivals and prompt tokens")
     parser.add_argument("--slo-ttft-ms", type=float, default=c.slo_ttft_ms)
     parser.add_argument("--slo-tpot-ms", type=float, default=c.slo_tpot_ms)

@@ -37,7 +37,7 @@ def test_per_token_itl_spreads_a_gap_over_the_tokens_of_its_chunk():
     s = summary_of(measured(0, 0.0, [0.2, 0.5, 0.6], tokens=[1, 3, 1]))
     assert s.chunk_gap.p50 == pytest.approx(0.2)  # gaps 0.3 and 0.1
     assert s.itl.p50 == pytest.approx(0.1) and s.itl.mean == pytest.approx(0.4 / 4)  # .1 .1 .1 .1
-    assert s.core.tpot.p50 == pytest.approx(0.4 / 4) and s.itl_estimated == 0
+    assert s.core.tpot.p50 == pytest.approx(0.4 / 4) and s.token_counts_estimated == 0
 
 
 def test_stall_share_counts_completed_requests_with_a_gap_over_one_second():
@@ -50,7 +50,7 @@ def test_stall_share_counts_completed_requests_with_a_gap_over_one_second():
 def test_unstated_counts_are_estimated_and_say_so():
     m = measured(0, 0.0, [0.1, 0.2, 0.6], tokens=[None, None, None])
     m.usage_tokens = 6
-    assert m.token_counts() == [1, 2, 3] and summary_of(m).itl_estimated == 1
+    assert m.token_counts() == [1, 2, 3] and summary_of(m).token_counts_estimated == 1
     assert m.itls() == pytest.approx([0.05, 0.05, 0.4 / 3, 0.4 / 3, 0.4 / 3])
 
 

@@ -60,9 +60,10 @@ def table(run: BenchRun) -> str:
 
 def _counts_source(s: BenchSummary) -> str:
     """Where the per-token ITL's token counts came from."""
-    if not s.itl_estimated:
+    if not s.token_counts_estimated:
         return "as the server stated them"
-    return f"estimated from usage for {s.itl_estimated} of {s.core.completed} requests (see docs/bench.md)"
+    return (f"estimated from usage for {s.token_counts_estimated} of {s.core.completed} requests "
+            "(see docs/bench.md)")
 
 
 def write_outputs(run: BenchRun, out: Path) -> list[Path]:

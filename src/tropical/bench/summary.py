@@ -19,7 +19,7 @@ class BenchSummary:
 
     ``itl`` is per token, ``chunk_gap`` per pair of consecutive token-carrying chunks (see
     ``bench.record``); ``stall_share`` is the share of completed requests with a gap above 1 s;
-    ``itl_estimated`` counts requests whose per-chunk token counts the server did not state.
+    ``token_counts_estimated`` counts requests whose per-chunk token counts the server did not state.
     """
 
     core: Summary
@@ -27,7 +27,7 @@ class BenchSummary:
     chunk_gap: Distribution
     chunk_gap_max_s: float
     stall_share: float
-    itl_estimated: int
+    token_counts_estimated: int
     goodput_rps: float
     duration_s: float
     failures: dict[str, int]
@@ -39,7 +39,7 @@ class BenchSummary:
         for prefix, dist in (("itl", self.itl), ("chunk_gap", self.chunk_gap)):
             flat.update({f"{prefix}_{stat}_s": getattr(dist, stat) for stat in ("p50", "p90", "p99", "mean")})
         flat.update(chunk_gap_max_s=self.chunk_gap_max_s, stall_share=self.stall_share,
-                    itl_estimated=self.itl_estimated, goodput_rps=self.goodput_rps,
+                    token_counts_estimated=self.token_counts_estimated, goodput_rps=self.goodput_rps,
                     duration_s=self.duration_s, failures=self.failures, paths=self.paths)
         return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in flat.items()}
 
@@ -56,7 +56,7 @@ def summarize_bench(measurements: Sequence[Measurement], requests: Sequence[Requ
         chunk_gap=Distribution.of(gaps),
         chunk_gap_max_s=max(gaps, default=math.nan),
         stall_share=sum(m.stalled() for m in done) / len(done) if done else math.nan,
-        itl_estimated=sum(not m.counted for m in done),
+        token_counts_estimated=sum(not m.counted for m in done),
         goodput_rps=attained / duration if duration > 0 else 0.0,
         duration_s=duration,
         failures=dict(Counter(m.error for m in measurements if m.error is not None)),

@@ -10,6 +10,16 @@ from tropical.workload.flags import WORKLOAD_HELP
 from tropical.workload.transform import LengthBounds
 
 PROMPT_FORMATS = ("ids", "text")
+METRICS_HELP = """\
+what the numbers are (docs/bench.md has the details):
+  TTFT            first streamed chunk (even with empty text) - send
+  TPOT            (last chunk carrying tokens - first chunk) / (completion tokens - 1)
+  ITL per token   itl_*: each gap between token chunks spread over the chunk's tokens
+                  (counts stated by the server in each chunk, else estimated from usage)
+  chunk gap       chunk_gap_*: gaps between consecutive token chunks, what a reader waits;
+                  stall_share: completed requests with a chunk gap above 1 s
+  The chunk with finish_reason counts even with empty text; the usage-only chunk does not.
+lengths: --length-scale first, then --min/--max-input/-output, then the server's context."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,8 @@ class BenchConfig:
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     """The flags of ``tropical bench``; defaults come from BenchConfig."""
     c = BenchConfig
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = METRICS_HELP
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--trace", default=c.trace, help="conversation, synthetic, azure-code or a path")
     parser.add_argument("--rate-scale", type=float, default=c.rate_scale,

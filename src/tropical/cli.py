@@ -13,6 +13,7 @@ from tropical.bench.config import add_bench_options
 from tropical.config import PRESETS, SimConfig, read_config_file
 from tropical.report.tables import capacity_table, render, summary_table
 from tropical.workload.flags import WORKLOAD_HELP
+from tropical.workload.trace import Trace
 
 
 def _parse_bool(text: str) -> bool:
@@ -84,8 +85,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from tropical.sim.reproduce import reproduce
 
     cfg = _config(args)
-    rep = reproduce(experiment(cfg), lambda name: trace_slice(cfg, name, args.sensitivity_limit),
-                    processes=args.jobs, sensitivity=not args.no_sensitivity, progress=not args.json)
+    exp = experiment(cfg)
+
+    def slice_of(name: str) -> Trace:
+        """Studies name traces as loaded; a file trace's name is its stem, so map it to its path."""
+        return trace_slice(cfg, cfg.trace if name == exp.trace.name else name, args.sensitivity_limit)
+
+    rep = reproduce(exp, slice_of, processes=args.jobs, sensitivity=not args.no_sensitivity,
+                    progress=not args.json)
     out = Path(args.out)
     write_all(rep, out)
     report = write_report(rep, out)

@@ -55,10 +55,12 @@ def at_rate(trace: Trace, rate: float, cv: float = 1.0, seed: int = 0) -> Trace:
     """
     _check_positive("rate", rate)
     _check_positive("arrival_cv", cv)
+    if not trace.entries:
+        return replace(trace, timed=True)
     shape = 1.0 / cv**2
-    gaps = np.random.default_rng(seed).gamma(shape, 1.0 / (rate * shape), max(0, len(trace) - 1))
+    gaps = np.random.default_rng(seed).gamma(shape, 1.0 / (rate * shape), len(trace) - 1)
     arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
-    entries = tuple(replace(e, arrival=float(t)) for e, t in zip(trace.entries, arrivals, strict=False))
+    entries = tuple(replace(e, arrival=float(t)) for e, t in zip(trace.entries, arrivals, strict=True))
     return replace(trace, entries=entries, timed=True)
 
 

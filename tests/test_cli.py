@@ -45,6 +45,23 @@ def test_sweep_reports_capacity_per_policy(capsys, profile):
     assert all(v > 0 for v in out["capacity_rps"].values())
 
 
+def test_sweep_runs_a_vidur_length_trace_at_a_given_rate(tmp_path, capsys, profile):
+    trace = tmp_path / "arxiv.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+                     + "".join(f"{300 + 37 * i % 900},{20 + i % 50},0,0\n" for i in range(120)))
+    out = run_json(capsys, "sweep", "--trace", str(trace), "--rate", "2", "--arrival-cv", "2",
+                   "--policies", "colocated", "--profile", profile, "--tol", "0.1", "--json")
+    assert out["requests"] == 120 and out["capacity_rps"]["colocated"] > 0
+    assert main(["sim", "--trace", str(trace), "--profile", profile]) == 2
+    assert "give a request rate (--rate R)" in capsys.readouterr().err
+
+
+def test_length_bounds_clamp_the_simulated_requests(capsys, profile):
+    args = ("sim", "--limit", "60", "--policy", "colocated", "--profile", profile, "--json")
+    wide, bounded = run_json(capsys, *args), run_json(capsys, *args, "--max-input", "64", "--max-output", "4")
+    assert bounded["ttft_p90_s"] < wide["ttft_p90_s"] and bounded["e2e_p90_s"] < wide["e2e_p90_s"]
+
+
 def test_unknown_policy_is_a_clear_error(capsys, profile):
     assert main(["sim", "--policy", "fastest", "--profile", profile]) == 2
     assert "unknown policy 'fastest'" in capsys.readouterr().err

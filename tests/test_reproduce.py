@@ -27,3 +27,15 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
                     "synthetic", "azure-code", "banked slack"):
         assert heading in report
     assert (out / "attainment_vs_rate.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_reproduce_runs_a_length_only_file_trace_at_a_given_rate(tmp_path, capsys):
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"{500 + 613 * i % 3000},{20 + 7 * i % 200}\n" for i in range(100)))
+    code = main(["reproduce", "--trace", str(trace), "--rate", "2", "--sensitivity-limit", "40",
+                 "--out", str(tmp_path / "rep"), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert all(c > 0 for c in result["capacity_rps"].values())
+    assert "lengths" in (tmp_path / "rep" / "report.md").read_text()

@@ -14,6 +14,8 @@ from tropical.bench.config import add_bench_options
 from tropical.config import PRESETS, SimConfig, read_config_file
 from tropical.report.tables import capacity_table, render, summary_table
 from tropical.sched.slack import SlackRule
+from tropical.workload.flags import WORKLOAD_HELP
+from tropical.workload.trace import Trace
 
 if TYPE_CHECKING:
     from tropical.serve.options import ServeOptions
@@ -58,7 +60,8 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
     helps = {**POLICY_HELP, "cluster": f"preset: {', '.join(PRESETS)}",
              "profile": "fitted latency profile JSON (default: calibrated roofline)",
              "rate_scale": "multiply the trace's request rate",
-             "limit": "first N requests of the trace"}
+             "limit": "first N requests of the trace",
+             **WORKLOAD_HELP}
     add_fields_as_options(parser, SimConfig, helps)
     parser.add_argument("--config", help="TOML or JSON file of the settings above")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -109,8 +112,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from tropical.sim.reproduce import reproduce
 
     cfg = _config(args)
-    rep = reproduce(experiment(cfg), lambda name: trace_slice(cfg, name, args.sensitivity_limit),
-                    processes=args.jobs, sensitivity=not args.no_sensitivity, progress=not args.json)
+    exp = experiment(cfg)
+
+    def slice_of(name: str) -> Trace:
+        """Studies name traces as loaded; a file trace's name is its stem, so map it to its path."""
+        return trace_slice(cfg, cfg.trace if name == exp.trace.name else name, args.sensitivity_limit)
+
+    rep = reproduce(exp, slice_of, processes=args.jobs, sensitivity=not args.no_sensitivity,
+                    progress=not args.json)
     out = Path(args.out)
     write_all(rep, out)
     report = write_report(rep, out)

@@ -67,6 +67,12 @@ class SimConfig(PolicyConfig):
     start_s: float | None = None
     end_s: float | None = None
     arrivals: str = "spread"
+    rate: float | None = None
+    arrival_cv: float = 1.0
+    min_input: int | None = None
+    max_input: int | None = None
+    min_output: int | None = None
+    max_output: int | None = None
     seed: int = 0
     cluster: str = "paper"
     model: str = "internlm2-20b"

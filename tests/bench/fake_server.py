@@ -1,7 +1,9 @@
 """A scripted OpenAI-compatible server for bench tests: tokens stream at known times.
 
 Each completion waits ``first_delay`` then sends one token chunk every ``gap`` seconds, so the
-client's TTFT, TPOT and inter-token latency are known in advance. It can also fail on purpose.
+client's TTFT, TPOT and inter-token latency are known in advance. Or it plays ``chunks`` as
+scripted (delay, tokens, text) steps: several tokens in one chunk, chunks with empty text, and
+the token count in each choice when ``state_tokens``. It can also fail on purpose.
 """
 
 from __future__ import annotations
@@ -33,7 +35,17 @@ class Script:
     send_usage: bool = True
     max_model_len: int | None = 4096
     token_text: str = " t{i}"
+    chunks: tuple[tuple[float, int, str], ...] | None = None
+    state_tokens: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
     received: list[dict] = field(default_factory=list)
+
+    def steps(self, count: int) -> list[tuple[float, int, str]]:
+        """(delay before, tokens, text) of each chunk: the scripted ones, else one token per gap."""
+        if self.chunks is not None:
+            return list(self.chunks)
+        delays = [self.first_delay] + [self.gap] * (count - 1)
+        return [(delay, 1, self.token_text.format(i=i)) for i, delay in enumerate(delays)]
 
 
 def _event(payload: dict | str) -> str:
@@ -42,17 +54,19 @@ def _event(payload: dict | str) -> str:
 
 
 async def _tokens(script: Script, count: int) -> AsyncIterator[str]:
-    await asyncio.sleep(script.first_delay)
-    for i in range(count):
+    steps = script.steps(count)
+    for i, (delay, tokens, text) in enumerate(steps):
         if i == script.hang_after:
             await asyncio.sleep(3600)
-        if i:
-            await asyncio.sleep(script.gap)
-        finish = "length" if i == count - 1 else None
-        choice = {"index": 0, "text": script.token_text.format(i=i), "finish_reason": finish}
+        await asyncio.sleep(delay)
+        finish = "length" if i == len(steps) - 1 else None
+        choice = {"index": 0, "text": text, "finish_reason": finish}
+        if script.state_tokens:
+            choice["tokens"] = tokens
         yield _event({"object": "text_completion", "model": MODEL, "choices": [choice]})
     if script.send_usage:
-        yield _event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": count}})
+        usage = {"prompt_tokens": 1, "completion_tokens": sum(tokens for _, tokens, _ in steps)}
+        yield _event({"choices": [], "usage": usage})
     if script.send_done:
         yield _event("[DONE]")
 
@@ -71,7 +85,8 @@ def fake_app(script: Script) -> FastAPI:
         script.received.append(body)
         if script.status != 200:
             return JSONResponse({"error": {"message": "scripted failure"}}, status_code=script.status)
-        return StreamingResponse(_tokens(script, body["max_tokens"]), media_type="text/event-stream")
+        return StreamingResponse(_tokens(script, body["max_tokens"]), media_type="text/event-stream",
+                                 headers=script.headers)
 
     return app
 

@@ -19,4 +19,8 @@ def test_bench_measures_our_server(tmp_path: Path, capsys) -> None:
     assert summary["model"] == "tiny-random" and summary["ttft_p50_s"] > 0 and summary["tpot_p50_s"] > 0
     lines = [json.loads(line) for line in (tmp_path / "b" / "requests.jsonl").read_text().splitlines()]
     assert all(line["completion_tokens"] == line["max_tokens"] for line in lines), "ignore_eos is honoured"
+    assert summary["token_counts_estimated"] == 0, "every chunk states its token count"
+    assert all(sum(line["chunk_tokens"]) == line["completion_tokens"] for line in lines)
+    paths = ("prefill", "multiplex", "fallback")
+    assert all(line["path"] in paths and "prefill_worker" in line for line in lines)
     assert "Traceback" not in served

@@ -1,4 +1,4 @@
-"""Planning: the simulator's rate and length scaling, and prompts fitted to the server's context."""
+"""Planning: the simulator's rate scaling, and prompts fitted to the server's context."""
 
 from __future__ import annotations
 
@@ -10,20 +10,16 @@ from tropical.workload.trace import Trace, TraceEntry
 TRACE = Trace("t", (TraceEntry(0.0, 1000, 10, (1, 2)), TraceEntry(2.0, 300, 40, (1,))))
 
 
-def test_arrivals_are_divided_by_the_rate_scale_and_lengths_multiplied():
-    planned = plan_requests(TRACE, rate_scale=4.0, length_scale=0.5, max_model_len=None)
+def test_arrivals_are_divided_by_the_rate_scale_and_lengths_kept():
+    planned = plan_requests(TRACE, rate_scale=4.0, max_model_len=None)
     assert [p.send_at for p in planned] == [0.0, 0.5]
-    assert [(p.prompt_len, p.output_len) for p in planned] == [(500, 5), (150, 20)]
+    assert [(p.prompt_len, p.output_len, p.prefix_blocks) for p in planned] == [(1000, 10, (1, 2)),
+                                                                              (300, 40, (1,))]
     assert not any(p.capped for p in planned)
 
 
-def test_prefix_blocks_survive_only_unscaled_lengths():
-    assert plan_requests(TRACE, 1.0, 1.0, None)[0].prefix_blocks == (1, 2)
-    assert plan_requests(TRACE, 1.0, 0.5, None)[0].prefix_blocks == ()
-
-
 def test_prompts_are_trimmed_to_fit_the_context_and_flagged():
-    planned = plan_requests(TRACE, 1.0, 1.0, max_model_len=500)
+    planned = plan_requests(TRACE, 1.0, max_model_len=500)
     assert [(p.prompt_len, p.output_len, p.capped) for p in planned] == [(490, 10, True), (300, 40, False)]
 
 

@@ -222,6 +222,14 @@ def test_completion_chunks_are_openai_completions() -> None:
     assert middle["choices"][0] == {**last["choices"][0], "finish_reason": None}
 
 
+@pytest.mark.parametrize("chat", [True, False])
+def test_chunks_say_how_many_tokens_they_carry_as_an_extension_clients_ignore(chat: bool) -> None:
+    chunk = stream_chunk("c", "m", 5, "", "length", chat=chat, first=False, tokens=2)
+    assert chunk["choices"][0]["tokens"] == 2
+    kind = ChatCompletionChunk if chat else Completion
+    assert kind.model_validate(chunk).choices[0].finish_reason == "length"
+
+
 @pytest.mark.parametrize(("chat", "kind"), [(True, ChatCompletionChunk), (False, Completion)])
 def test_usage_chunk_has_no_choices(chat: bool, kind: type) -> None:
     out = kind.model_validate(usage_chunk("c", "m", 5, 4, 6, chat=chat))

@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tropical.workload.loaders import (
@@ -74,48 +73,47 @@ def test_azure_accepts_fewer_fraction_digits_and_lf(write_trace: WriteTrace) -> 
     assert [e.arrival for e in load_azure(write_trace("a.csv", text)).entries] == [0.0, 0.5]
 
 
-@pytest.mark.parametrize("header", ["input_len,output_len", "id,output_length,input_length"])
+@pytest.mark.parametrize(
+    "header",
+    ["input_len,output_len", "id,output_length,input_length",
+     "num_prefill_tokens,num_decode_tokens,pd_ratio"],
+)
 @pytest.mark.parametrize("name", ["l.csv", "l.csv.gz"])
 def test_lengths_csv_columns_by_header(write_trace: WriteTrace, header: str, name: str) -> None:
-    rows = {"input_len": ["10", "20"], "output_len": ["1", "2"]}
-    rows |= {
-        "input_length": rows["input_len"],
-        "output_length": rows["output_len"],
-        "id": ["a", "b"],
-    }
+    inputs, outputs = ["10", "20"], ["1", "2"]
+    rows = {"input_len": inputs, "input_length": inputs, "num_prefill_tokens": inputs,
+            "output_len": outputs, "output_length": outputs, "num_decode_tokens": outputs,
+            "id": ["a", "b"], "pd_ratio": ["10.0", "10.0"]}
     cols = header.split(",")
     text = header + "\n" + "".join(",".join(rows[c][i] for c in cols) + "\n" for i in range(2))
-    trace = load_lengths_csv(write_trace(name, text), rate=2.0, seed=1)
+    trace = load_lengths_csv(write_trace(name, text))
     assert [(e.input_len, e.output_len) for e in trace.entries] == [(10, 1), (20, 2)]
-    assert trace.entries[0].arrival == 0.0 < trace.entries[1].arrival
+    assert not trace.timed and [e.arrival for e in trace.entries] == [0.0, 0.0]
 
 
-def test_poisson_arrivals_deterministic_with_mean_rate(write_trace: WriteTrace) -> None:
-    path = write_trace("l.csv", "input_len,output_len\n" + "100,10\n" * 20_000)
-    first, again = (
-        load_lengths_csv(path, rate=5.0, seed=7),
-        load_lengths_csv(path, rate=5.0, seed=7),
-    )
-    assert first == again
-    assert first != load_lengths_csv(path, rate=5.0, seed=8)
-    assert first.mean_rate == pytest.approx(5.0, rel=0.03)
-    gaps = np.diff([e.arrival for e in first.entries])
-    assert gaps.min() >= 0
-    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)  # exponential: CV 1
+def test_vidur_csv_with_arrived_at_is_timed_in_seconds(write_trace: WriteTrace) -> None:
+    text = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,374,44\n4.314579,396,109\n4.5,879,55\n"
+    trace = load_csv(write_trace("splitwise_conv.csv", text))
+    assert trace.timed and trace.name == "splitwise_conv"
+    assert [e.arrival for e in trace.entries] == [0.0, 4.314579, 4.5]
+    assert [(e.input_len, e.output_len) for e in trace.entries] == [(374, 44), (396, 109), (879, 55)]
+
+
+@pytest.mark.parametrize(("stamps", "what"), [("0,x", "arrived_at must be a finite number"),
+                                              ("0,nan", "arrived_at must be a finite number"),
+                                              ("5,4", "timestamp goes backwards")])
+def test_vidur_csv_bad_arrivals_name_the_line(write_trace: WriteTrace, stamps: str, what: str) -> None:
+    first, second = stamps.split(",")
+    header = "arrived_at,num_prefill_tokens,num_decode_tokens"
+    path = write_trace("v.csv", f"{header}\n{first},1,1\n{second},1,1\n")
+    with pytest.raises(TraceError, match=rf"^{path}:3: {what}"):
+        load_csv(path)
 
 
 def test_load_csv_picks_format_by_header(write_trace: WriteTrace) -> None:
-    assert len(load_csv(write_trace("a.csv", AZURE))) == 3
-    lengths = write_trace("l.csv", "input_len,output_len\n10,1\n")
-    assert load_csv(lengths, rate=1.0).entries[0].input_len == 10
-    with pytest.raises(TraceError, match="rate"):
-        load_csv(lengths)
-
-
-@pytest.mark.parametrize("rate", [0.0, -1.0, float("nan"), float("inf")])
-def test_lengths_csv_rejects_bad_rate(write_trace: WriteTrace, rate: float) -> None:
-    with pytest.raises(TraceError, match="rate"):
-        load_lengths_csv(write_trace("l.csv", "input_len,output_len\n10,1\n"), rate=rate)
+    assert load_csv(write_trace("a.csv", AZURE)).timed
+    lengths = load_csv(write_trace("l.csv", "input_len,output_len\n10,1\n"))
+    assert lengths.entries[0].input_len == 10 and not lengths.timed
 
 
 GOOD = _jsonl(_rec(0), _rec(5))
@@ -190,14 +188,14 @@ def test_lengths_errors_name_file_and_line(
 ) -> None:
     path = write_trace("bad.csv", f"input_len,output_len\n1,1\n{bad_line}\n")
     with pytest.raises(TraceError) as info:
-        load_lengths_csv(path, rate=1.0)
+        load_lengths_csv(path)
     assert str(info.value).startswith(f"{path}:3: ")
     assert what in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("loader", "header"),
-    [(load_azure, "TIMESTAMP,Context,Generated"), (lambda p: load_lengths_csv(p, 1.0), "a,b")],
+    [(load_azure, "TIMESTAMP,Context,Generated"), (load_lengths_csv, "a,b")],
 )
 def test_csv_header_errors(
     write_trace: WriteTrace, loader: Callable[[Path], object], header: str
@@ -219,7 +217,7 @@ def test_csv_header_errors(
 def test_empty_files_raise(write_trace: WriteTrace, name: str, text: str, what: str) -> None:
     path = write_trace(name, text)
     with pytest.raises(TraceError, match=what):
-        load_mooncake(path) if ".jsonl" in name else load_csv(path, rate=1.0)
+        load_mooncake(path) if ".jsonl" in name else load_csv(path)
 
 
 def test_unreadable_files_raise_trace_error(tmp_path: Path) -> None:
@@ -233,4 +231,4 @@ def test_unreadable_files_raise_trace_error(tmp_path: Path) -> None:
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"input_len,output_len\n\xff\xfe,1\n")
     with pytest.raises(TraceError, match="cannot read"):
-        load_lengths_csv(binary, rate=1.0)
+        load_lengths_csv(binary)

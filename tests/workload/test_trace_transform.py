@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tropical.workload.trace import Trace, TraceEntry
-from tropical.workload.transform import poisson_arrivals, scale_lengths, scale_rate, spread_ticks, take
+from tropical.workload.transform import (
+    LengthBounds,
+    at_rate,
+    bound_lengths,
+    poisson_arrivals,
+    scale_lengths,
+    scale_rate,
+    spread_ticks,
+    take,
+)
 
 TRACE = Trace(
     "t",
@@ -99,3 +109,40 @@ def test_poisson_arrivals_keep_the_mean_rate_roughly() -> None:
     poisson = poisson_arrivals(long, seed=0)
     assert poisson.mean_rate == pytest.approx(long.mean_rate, rel=0.1)
     assert _arrivals(poisson) == sorted(_arrivals(poisson))
+
+
+UNTIMED = Trace("u", tuple(TraceEntry(0.0, 100, 10) for _ in range(20_000)), timed=False)
+
+
+@pytest.mark.parametrize("cv", [1.0, 3.0, 0.5])
+def test_at_rate_gives_the_rate_and_the_gap_cv(cv: float) -> None:
+    timed = at_rate(UNTIMED, rate=5.0, cv=cv, seed=7)
+    gaps = np.diff(_arrivals(timed))
+    assert timed.timed and timed.entries[0].arrival == 0.0 and gaps.min() >= 0
+    assert timed.mean_rate == pytest.approx(5.0, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.1)
+    assert timed == at_rate(UNTIMED, 5.0, cv, seed=7) != at_rate(UNTIMED, 5.0, cv, seed=8)
+
+
+@pytest.mark.parametrize(("rate", "cv", "name"), [(0.0, 1.0, "rate"), (1.0, float("nan"), "arrival_cv")])
+def test_at_rate_rejects_bad_rate_and_cv(rate: float, cv: float, name: str) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be a finite number > 0"):
+        at_rate(UNTIMED, rate, cv)
+
+
+def test_bound_lengths_clamps_inputs_and_outputs_and_keeps_every_request() -> None:
+    bounded = bound_lengths(TRACE, LengthBounds(min_input=5, max_input=1500, min_output=2, max_output=50))
+    assert [(e.input_len, e.output_len) for e in bounded.entries] == [
+        (1000, 10), (5, 2), (1500, 50), (7, 2), (512, 5)]
+    assert _arrivals(bounded) == _arrivals(TRACE)
+    assert bound_lengths(TRACE, LengthBounds(max_output=3)).entries[0].output_len == 3
+    assert bound_lengths(TRACE, LengthBounds()) == TRACE
+
+
+@pytest.mark.parametrize(("bounds", "what"), [
+    ({"min_input": 0}, "--min-input must be >= 1"),
+    ({"min_output": 9, "max_output": 3}, "--min-output \\(9\\) is above"),
+])
+def test_length_bounds_reject_impossible_ranges(bounds: dict, what: str) -> None:
+    with pytest.raises(ValueError, match=what):
+        LengthBounds(**bounds)

@@ -6,8 +6,20 @@ import argparse
 from dataclasses import dataclass, fields
 
 from tropical.core.slo import SLO
+from tropical.workload.flags import WORKLOAD_HELP
+from tropical.workload.transform import LengthBounds
 
 PROMPT_FORMATS = ("ids", "text")
+METRICS_HELP = """\
+what the numbers are (docs/bench.md has the details):
+  TTFT            first streamed chunk (even with empty text) - send
+  TPOT            (last chunk carrying tokens - first chunk) / (completion tokens - 1)
+  ITL per token   itl_*: each gap between token chunks spread over the chunk's tokens
+                  (counts stated by the server in each chunk, else estimated from usage)
+  chunk gap       chunk_gap_*: gaps between consecutive token chunks, what a reader waits;
+                  stall_share: completed requests with a chunk gap above 1 s
+  The chunk with finish_reason counts even with empty text; the usage-only chunk does not.
+lengths: --length-scale first, then --min/--max-input/-output, then the server's context."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,12 @@ class BenchConfig:
     prompt_format: str = "ids"
     timeout: float = 600.0
     out: str | None = None
+    rate: float | None = None
+    arrival_cv: float = 1.0
+    min_input: int | None = None
+    max_input: int | None = None
+    min_output: int | None = None
+    max_output: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("rate_scale", "length_scale", "slo_ttft_ms", "slo_tpot_ms", "timeout"):
@@ -36,6 +54,11 @@ class BenchConfig:
         if self.prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt format {self.prompt_format!r}; choose from "
                              f"{', '.join(PROMPT_FORMATS)}")
+
+    @property
+    def bounds(self) -> LengthBounds:
+        """Length clamps, applied after ``length_scale``."""
+        return LengthBounds(self.min_input, self.max_input, self.min_output, self.max_output)
 
     @property
     def slo(self) -> SLO:
@@ -50,14 +73,21 @@ class BenchConfig:
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     """The flags of ``tropical bench``; defaults come from BenchConfig."""
     c = BenchConfig
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = METRICS_HELP
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--trace", default=c.trace, help="conversation, synthetic, azure-code or a path")
     parser.add_argument("--rate-scale", type=float, default=c.rate_scale,
                         help="multiply the trace's request rate (arrivals divided by it)")
     parser.add_argument("--length-scale", type=float, default=c.length_scale,
-                        help="multiply prompt and output lengths")
+                        help="multiply prompt and output lengths (before the length bounds)")
+    for name in ("min_input", "max_input", "min_output", "max_output"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(c, name),
+                            help=WORKLOAD_HELP[name])
     parser.add_argument("--limit", type=int, default=c.limit, help="first N requests of the trace")
-    parser.add_argument("--arrivals", default=c.arrivals, help="trace, spread or poisson (as in sim)")
+    parser.add_argument("--arrivals", default=c.arrivals, help=WORKLOAD_HELP["arrivals"])
+    parser.add_argument("--rate", type=float, default=c.rate, help=WORKLOAD_HELP["rate"])
+    parser.add_argument("--arrival-cv", type=float, default=c.arrival_cv, help=WORKLOAD_HELP["arrival_cv"])
     parser.add_argument("--seed", type=int, default=c.seed, help="seed of arrivals and prompt tokens")
     parser.add_argument("--slo-ttft-ms", type=float, default=c.slo_ttft_ms)
     parser.add_argument("--slo-tpot-ms", type=float, default=c.slo_tpot_ms)

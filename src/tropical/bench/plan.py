@@ -1,11 +1,11 @@
-"""The requests to send: the trace slice scaled in rate and length, fitted to the server's context."""
+"""The requests to send: the trace slice scaled in rate, fitted to the server's context."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tropical.workload.trace import Trace
-from tropical.workload.transform import scale_lengths, scale_rate
+from tropical.workload.transform import scale_rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,11 +20,10 @@ class PlannedRequest:
     capped: bool = False
 
 
-def plan_requests(
-    trace: Trace, rate_scale: float, length_scale: float, max_model_len: int | None
-) -> list[PlannedRequest]:
-    """The trace's requests as the client will send them (same scaling as the simulator's)."""
-    scaled = scale_rate(scale_lengths(trace, length_scale), rate_scale)
+def plan_requests(trace: Trace, rate_scale: float, max_model_len: int | None) -> list[PlannedRequest]:
+    """The trace slice's requests (lengths already scaled and bounded) as the client will send them:
+    arrivals scaled as the simulator scales them, prompts fitted to the server's context."""
+    scaled = scale_rate(trace, rate_scale)
     planned = []
     for i, e in enumerate(scaled.entries):
         prompt, output = fit_context(e.input_len, e.output_len, max_model_len)

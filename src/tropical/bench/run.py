@@ -29,12 +29,13 @@ class BenchRun:
 
 
 def run_bench(cfg: BenchConfig) -> BenchRun:
-    endpoint = Endpoint(cfg.url, cfg.api_key)
-    model = served_model(endpoint, cfg.model)
-    trace = load_slice(cfg.trace, cfg.limit, cfg.arrivals, cfg.seed)
+    trace = load_slice(cfg.trace, cfg.limit, cfg.arrivals, cfg.seed, rate=cfg.rate, arrival_cv=cfg.arrival_cv,
+                       length_scale=cfg.length_scale, bounds=cfg.bounds)
     if not len(trace):
         raise ValueError(f"trace {cfg.trace!r} has no requests in the selected slice (check --limit)")
-    planned = plan_requests(trace, cfg.rate_scale, cfg.length_scale, model.max_model_len)
+    endpoint = Endpoint(cfg.url, cfg.api_key)
+    model = served_model(endpoint, cfg.model)
+    planned = plan_requests(trace, cfg.rate_scale, model.max_model_len)
     measured = asyncio.run(replay(planned, endpoint, model.id, cfg.prompt_format, cfg.seed, cfg.timeout))
     requests = [m.to_request(cfg.slo) for m in measured]
     return BenchRun(cfg, model, trace.mean_rate * cfg.rate_scale, planned, measured, requests,

@@ -13,6 +13,9 @@ from tropical.bench.record import Measurement
 
 Clock = Callable[[], float]
 LINE_END = re.compile(r"\r\n|\r|\n")
+# Tropical's response headers: which path the prefill took, and on which worker (others send none).
+PATH_HEADER = "x-tropical-path"
+PREFILL_WORKER_HEADER = "x-tropical-prefill-worker"
 
 
 async def measure(client: httpx.AsyncClient, body: dict, m: Measurement, clock: Clock,
@@ -35,6 +38,7 @@ async def _stream(client: httpx.AsyncClient, body: dict, m: Measurement, clock: 
             detail = (await resp.aread()).decode(errors="replace")
             m.error = f"HTTP {resp.status_code}: {detail[:200]}"
             return
+        m.path, m.prefill_worker = resp.headers.get(PATH_HEADER), resp.headers.get(PREFILL_WORKER_HEADER)
         async for line in sse_lines(resp):
             data = line.removeprefix("data:").strip() if line.startswith("data:") else None
             if data == "[DONE]":
@@ -67,9 +71,12 @@ def _record(m: Measurement, data: str, now: float) -> bool:
         m.error = f"server error: {json.dumps(event['error'])[:200]}"
         return False
     choices = event.get("choices") or []
-    # A trailing choice with empty text and a finish reason is the end marker, not a token.
-    if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
-        m.chunks.append(now)
+    # Every chunk with a choice carries tokens (an empty-text one too: the last may carry only a
+    # finish reason after tokens that made no text), unless the server says it carries none.
+    # The usage-only chunk has no choice.
+    tokens = choices[0].get("tokens") if choices else None
+    if choices and tokens != 0:
+        m.add_chunk(now, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None)
     if (event.get("usage") or {}).get("completion_tokens") is not None:
         m.usage_tokens = event["usage"]["completion_tokens"]
     return True

@@ -1,4 +1,5 @@
-"""A bench run's numbers: the simulator's summary of the same requests, plus ITL and goodput."""
+"""A bench run's numbers: the simulator's summary of the same requests, plus what only a stream
+shows (per-token ITL, inter-chunk gaps, stalls), goodput, failures and the paths the server took."""
 
 from __future__ import annotations
 
@@ -14,20 +15,32 @@ from tropical.core.request import Request
 
 @dataclass(frozen=True, slots=True)
 class BenchSummary:
-    """``core`` as ``tropical sim`` reports it; ITL, goodput and failures only HTTP can show."""
+    """``core`` as ``tropical sim`` reports it; the rest over completed requests, except failures.
+
+    ``itl`` is per token, ``chunk_gap`` per pair of consecutive token-carrying chunks (see
+    ``bench.record``); ``stall_share`` is the share of completed requests with a gap above 1 s;
+    ``token_counts_estimated`` counts requests whose per-chunk token counts the server did not state.
+    """
 
     core: Summary
     itl: Distribution
+    chunk_gap: Distribution
+    chunk_gap_max_s: float
+    stall_share: float
+    token_counts_estimated: int
     goodput_rps: float
     duration_s: float
     failures: dict[str, int]
+    paths: dict[str, int]
 
     def as_dict(self) -> dict[str, object]:
-        """Flat JSON-ready keys; queueing and paths are left out (a client cannot see them)."""
+        """Flat JSON-ready keys; queueing is left out (a client cannot see it)."""
         flat = {k: v for k, v in self.core.as_dict().items() if k != "paths" and not k.startswith("queue")}
-        for stat in ("p50", "p90", "p99", "mean"):
-            flat[f"itl_{stat}_s"] = getattr(self.itl, stat)
-        flat.update(goodput_rps=self.goodput_rps, duration_s=self.duration_s, failures=self.failures)
+        for prefix, dist in (("itl", self.itl), ("chunk_gap", self.chunk_gap)):
+            flat.update({f"{prefix}_{stat}_s": getattr(dist, stat) for stat in ("p50", "p90", "p99", "mean")})
+        flat.update(chunk_gap_max_s=self.chunk_gap_max_s, stall_share=self.stall_share,
+                    token_counts_estimated=self.token_counts_estimated, goodput_rps=self.goodput_rps,
+                    duration_s=self.duration_s, failures=self.failures, paths=self.paths)
         return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in flat.items()}
 
 
@@ -35,10 +48,17 @@ def summarize_bench(measurements: Sequence[Measurement], requests: Sequence[Requ
     """Goodput is requests attaining both SLOs per second from the first send to the last answer."""
     duration = span(requests)
     attained = sum(map(attains, requests))
+    done = [m for m in measurements if m.error is None]
+    gaps = [g for m in done for g in m.chunk_gaps()]
     return BenchSummary(
         core=summarize(requests),
-        itl=Distribution.of([gap for m in measurements if m.error is None for gap in m.itls()]),
+        itl=Distribution.of([v for m in done for v in m.itls()]),
+        chunk_gap=Distribution.of(gaps),
+        chunk_gap_max_s=max(gaps, default=math.nan),
+        stall_share=sum(m.stalled() for m in done) / len(done) if done else math.nan,
+        token_counts_estimated=sum(not m.counted for m in done),
         goodput_rps=attained / duration if duration > 0 else 0.0,
         duration_s=duration,
         failures=dict(Counter(m.error for m in measurements if m.error is not None)),
+        paths=dict(Counter(m.path for m in measurements if m.path is not None)),
     )

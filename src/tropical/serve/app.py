@@ -243,7 +243,7 @@ class Reply:
                     break
                 if event.text or event.final or index == 0:
                     yield sse(stream_chunk(self.id, model, self.created, event.text, event.finish_reason,
-                                           chat, first=index == 0))
+                                           chat, first=index == 0, tokens=event.tokens))
                     index += 1
                 if event.final:
                     break

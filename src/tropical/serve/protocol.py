@@ -357,9 +357,11 @@ def completion_body(
 
 def stream_chunk(
     request_id: str, model: str, created: int, text: str, finish_reason: str | None, chat: bool, first: bool,
+    tokens: int = 1,
 ) -> dict:
-    """One streamed piece; the first chat chunk names the role, an empty final one carries no content."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    """One streamed piece; the first chat chunk names the role, an empty final one carries no content.
+    ``tokens``, the completion tokens behind the piece, is an extension OpenAI clients ignore."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason, "tokens": tokens}
     if chat:
         delta: dict[str, str] = {"role": "assistant"} if first else {}
         if text or first:

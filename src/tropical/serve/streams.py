@@ -31,9 +31,10 @@ class Submission:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """New text and how many tokens produced it; the last event has ``finish_reason`` ("stop",
-    "length") or ``error``, with the HTTP ``status`` that error maps to (503: the server could not
-    serve it now, e.g. its worker died; 500: an internal failure)."""
+    """New text and how many tokens produced it (streamed to clients as each chunk's ``tokens``, so
+    a benchmark can tell per-token latency from gaps between chunks); the last event has
+    ``finish_reason`` ("stop", "length") or ``error``, with the HTTP ``status`` that error maps to
+    (503: the server could not serve it now, e.g. its worker died; 500: an internal failure)."""
 
     text: str
     tokens: int
@@ -55,6 +56,7 @@ class RequestHandle:
     text: TextStream
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     completion_tokens: int = 0
+    unsent_tokens: int = 0  # sampled tokens no event has carried yet: their text is held back
     ended: bool = False
 
     @classmethod
@@ -62,18 +64,44 @@ class RequestHandle:
         return cls(req, submission, TextStream(tokenizer, submission.stop))
 
     def emit(self, tokens: list[int]) -> bool:
-        """Stream newly sampled tokens; True when a stop string ended the text."""
+        """Stream newly sampled tokens; True when a stop string ended the text.
+
+        An event goes out when there is text, and for the first token even without (it marks the
+        first token's time); tokens whose text is held back ride with the next event.
+        """
+        first = self.completion_tokens == 0
         self.completion_tokens += len(tokens)
+        self.unsent_tokens += len(tokens)
         delta = self.text.push(tokens)
-        if delta or not self.text.stopped:
-            self.events.put_nowait(Event(delta, len(tokens)))
+        if delta or (first and not self.text.stopped):
+            self.events.put_nowait(Event(delta, self.unsent_tokens))
+            self.unsent_tokens = 0
         return self.text.stopped
 
     def end(self, finish_reason: str | None = None, error: str | None = None, status: int = 500) -> None:
-        """The final event (once): what the stream still held, and why it ended."""
+        """The final event (once): what the stream still held, and why it ended.
+
+        An event the reader has not taken yet (the last token's, emitted in the same step) is folded
+        into the final one, so the finish reason rides with the last tokens as in vLLM's streams
+        instead of in a chunk of its own right behind them.
+        """
         if self.ended:
             return
         self.ended = True
-        tail = self.text.finish() if error is None else ""
+        if error is not None:
+            self.events.put_nowait(Event("", 0, None, error, status))
+            return
+        tail = self.text.finish()
         reason = "stop" if self.text.stopped else finish_reason
-        self.events.put_nowait(Event(tail, 0, None if error else reason, error, status))
+        last = self._take_unread_last() or Event("", 0)
+        self.events.put_nowait(Event(last.text + tail, last.tokens + self.unsent_tokens, reason))
+        self.unsent_tokens = 0
+
+    def _take_unread_last(self) -> Event | None:
+        """Remove and return the newest queued event, leaving the older ones queued in order."""
+        queued = []
+        while not self.events.empty():
+            queued.append(self.events.get_nowait())
+        for event in queued[:-1]:
+            self.events.put_nowait(event)
+        return queued[-1] if queued else None

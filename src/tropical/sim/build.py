@@ -9,6 +9,7 @@ from tropical.sim.cluster import LatencyFactory, replicas
 from tropical.sim.run import Experiment
 from tropical.workload.catalog import load_slice
 from tropical.workload.trace import Trace
+from tropical.workload.transform import LengthBounds
 
 
 def latency_factory(cfg: SimConfig) -> LatencyFactory:
@@ -43,12 +44,18 @@ def worker_gpus(cfg: SimConfig) -> list[str]:
 
 
 def trace_slice(cfg: SimConfig, name: str, limit: int | None) -> Trace:
-    """The first ``limit`` requests of trace ``name`` with the configured arrivals."""
-    return load_slice(name, limit, cfg.arrivals, cfg.seed)
+    """The first ``limit`` requests of trace ``name`` with the configured arrivals and lengths."""
+    return load_slice(name, limit, cfg.arrivals, cfg.seed, rate=cfg.rate, arrival_cv=cfg.arrival_cv,
+                      bounds=length_bounds(cfg))
+
+
+def length_bounds(cfg: SimConfig) -> LengthBounds:
+    return LengthBounds(cfg.min_input, cfg.max_input, cfg.min_output, cfg.max_output)
 
 
 def experiment(cfg: SimConfig) -> Experiment:
-    trace = load_slice(cfg.trace, cfg.limit, cfg.arrivals, cfg.seed, cfg.start_s, cfg.end_s)
+    trace = load_slice(cfg.trace, cfg.limit, cfg.arrivals, cfg.seed, cfg.start_s, cfg.end_s,
+                       rate=cfg.rate, arrival_cv=cfg.arrival_cv, bounds=length_bounds(cfg))
     if not len(trace):
         raise ValueError(f"trace {cfg.trace!r} has no requests in the selected slice "
                          "(check --limit, --start-s and --end-s)")

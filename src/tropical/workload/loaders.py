@@ -1,4 +1,4 @@
-"""Parse trace files (Mooncake JSONL, Azure CSV, length-only CSV) into Traces, strictly.
+"""Parse trace files (Mooncake JSONL, Azure CSV, length CSVs as Vidur writes them) into Traces, strictly.
 
 A bad record raises TraceError naming the file and 1-based line, so a broken trace fails
 loudly at load time instead of skewing a simulation. Plain and ``.gz`` files are accepted;
@@ -19,14 +19,13 @@ from functools import partial
 from pathlib import Path
 from typing import TextIO, TypeVar
 
-import numpy as np
-
 from tropical.workload.trace import Trace, TraceEntry
 
 PathLike = str | os.PathLike[str]
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-_INPUT_COLUMNS = ("input_len", "input_length")
-_OUTPUT_COLUMNS = ("output_len", "output_length")
+_INPUT_COLUMNS = ("input_len", "input_length", "num_prefill_tokens")
+_OUTPUT_COLUMNS = ("output_len", "output_length", "num_decode_tokens")
+TIME_COLUMN = "arrived_at"  # Vidur's and Sarathi-Serve's arrival column, in seconds
 _AZURE_TIME = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?")
 _INT_TYPE = frozenset({int})  # bool is a subclass of int, so compare exact types
 _EPOCH = datetime(1970, 1, 1)
@@ -61,28 +60,27 @@ def load_azure(path: PathLike) -> Trace:
         return _timed_trace(path, _parsed(path, lines, _azure_row), units_per_second=10**9)
 
 
-def load_lengths_csv(path: PathLike, rate: float, seed: int = 0) -> Trace:
-    """CSV of prompt/output lengths only; arrivals are Poisson at ``rate`` req/s from ``seed``."""
-    if not (math.isfinite(rate) and rate > 0):
-        raise TraceError(f"{path}: request rate must be a finite number > 0, got {rate!r}")
+def load_lengths_csv(path: PathLike) -> Trace:
+    """CSV of prompt/output lengths (ours, or Vidur's and Sarathi-Serve's ``num_prefill_tokens``,
+    ``num_decode_tokens``); timed by an ``arrived_at`` column in seconds when there is one, else
+    untimed (arrivals come from a request rate later)."""
     with _open_text(path) as f:
         lines = _lines(f)
-        parse = _lengths_parser(path, _header(path, lines))
-        lengths = [row for _, row in _parsed(path, lines, parse)]
-    if not lengths:
+        header = _header(path, lines)
+        rows = list(_parsed(path, lines, _lengths_parser(path, header)))
+    if TIME_COLUMN in header:
+        return _timed_trace(path, rows, units_per_second=1)
+    if not rows:
         raise TraceError(f"{path}: no requests")
-    arrivals = _poisson_arrivals(len(lengths), rate, seed)
-    entries = (TraceEntry(a, i, o) for a, (i, o) in zip(arrivals, lengths, strict=True))
-    return Trace(trace_name(path), tuple(entries))
+    entries = (TraceEntry(0.0, i, o) for _, (_, i, o, _) in rows)
+    return Trace(trace_name(path), tuple(entries), timed=False)
 
 
-def load_csv(path: PathLike, rate: float | None = None, seed: int = 0) -> Trace:
-    """A CSV trace: Azure's if its header says so, else length-only (which needs ``rate``)."""
+def load_csv(path: PathLike) -> Trace:
+    """A CSV trace: Azure's if its header says so, else lengths (maybe with ``arrived_at``)."""
     if read_csv_header(path) == AZURE_HEADER:
         return load_azure(path)
-    if rate is None:
-        raise TraceError(f"{path}: a length-only CSV has no timestamps; give a request rate")
-    return load_lengths_csv(path, rate, seed)
+    return load_lengths_csv(path)
 
 
 def read_csv_header(path: PathLike) -> tuple[str, ...]:
@@ -194,16 +192,17 @@ def _azure_ns(text: str) -> int:
     return (whole - _EPOCH) // _SECOND * 10**9 + int(fraction)
 
 
-def _lengths_parser(path: PathLike, header: tuple[str, ...]) -> Callable[[str], tuple[int, int]]:
-    """A row parser reading the input/output length columns named in ``header``."""
+def _lengths_parser(path: PathLike, header: tuple[str, ...]) -> Callable[[str], _Row]:
+    """A row parser reading the length columns (and ``arrived_at``, if any) named in ``header``."""
     try:
         columns = (_column(header, _INPUT_COLUMNS), _column(header, _OUTPUT_COLUMNS))
     except LookupError:
         raise TraceError(
-            f"{path}:1: expected columns input_len,output_len or input_length,output_length"
-            f" (or Azure's {','.join(AZURE_HEADER)}), got {header}"
+            f"{path}:1: expected columns input_len,output_len, input_length,output_length or"
+            f" num_prefill_tokens,num_decode_tokens (or Azure's {','.join(AZURE_HEADER)}), got {header}"
         ) from None
-    return partial(_lengths_row, columns, (header[columns[0]], header[columns[1]]))
+    time = header.index(TIME_COLUMN) if TIME_COLUMN in header else None
+    return partial(_lengths_row, columns, (header[columns[0]], header[columns[1]]), time)
 
 
 def _column(header: tuple[str, ...], names: tuple[str, ...]) -> int:
@@ -214,17 +213,23 @@ def _column(header: tuple[str, ...], names: tuple[str, ...]) -> int:
     raise LookupError(names)
 
 
-def _lengths_row(columns: tuple[int, int], names: tuple[str, str], line: str) -> tuple[int, int]:
+def _lengths_row(columns: tuple[int, int], names: tuple[str, str], time: int | None, line: str) -> _Row:
     fields = line.split(",")
-    if len(fields) <= max(columns):
-        raise _LineError(f"expected at least {max(columns) + 1} fields, got {len(fields)}")
-    return _int_field(fields[columns[0]], names[0]), _int_field(fields[columns[1]], names[1])
+    needed = max(*columns, -1 if time is None else time) + 1
+    if len(fields) < needed:
+        raise _LineError(f"expected at least {needed} fields, got {len(fields)}")
+    stamp = 0.0 if time is None else _seconds(fields[time])
+    return stamp, _int_field(fields[columns[0]], names[0]), _int_field(fields[columns[1]], names[1]), ()
 
 
-def _poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
-    """``count`` arrival times from 0 with exponential gaps of mean ``1/rate``."""
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, count - 1)
-    return [0.0, *np.cumsum(gaps).tolist()]
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise _LineError(f"{TIME_COLUMN} must be a finite number of seconds, got {text.strip()!r}")
+    return value
 
 
 def _header(path: PathLike, lines: Iterator[tuple[int, str]]) -> tuple[str, ...]:

@@ -17,10 +17,15 @@ class TraceEntry:
 
 @dataclass(frozen=True, slots=True)
 class Trace:
-    """An ordered list of entries with the name it was loaded under."""
+    """An ordered list of entries with the name it was loaded under.
+
+    ``timed`` is False for a file that records lengths only: its arrivals are all 0 until a
+    request rate gives it an arrival process (``workload.transform.at_rate``).
+    """
 
     name: str
     entries: tuple[TraceEntry, ...] = field(default_factory=tuple)
+    timed: bool = True
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,10 +44,24 @@ def poisson_arrivals(trace: Trace, seed: int = 0) -> Trace:
     """The trace's requests in order, arriving as a Poisson process at the trace's mean rate."""
     if len(trace) < 2 or trace.mean_rate <= 0:
         return trace
-    gaps = np.random.default_rng(seed).exponential(1.0 / trace.mean_rate, len(trace) - 1)
+    return at_rate(trace, trace.mean_rate, 1.0, seed)
+
+
+def at_rate(trace: Trace, rate: float, cv: float = 1.0, seed: int = 0) -> Trace:
+    """The trace's requests in order, the first at 0, then gaps of mean ``1/rate`` seconds.
+
+    The gaps are gamma-distributed with coefficient of variation ``cv``: 1 is a Poisson process,
+    above 1 bursts (many short gaps, a few long ones), below 1 more regular arrivals.
+    """
+    _check_positive("rate", rate)
+    _check_positive("arrival_cv", cv)
+    if not trace.entries:
+        return replace(trace, timed=True)
+    shape = 1.0 / cv**2
+    gaps = np.random.default_rng(seed).gamma(shape, 1.0 / (rate * shape), len(trace) - 1)
     arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
     entries = tuple(replace(e, arrival=float(t)) for e, t in zip(trace.entries, arrivals, strict=True))
-    return replace(trace, entries=entries)
+    return replace(trace, entries=entries, timed=True)
 
 
 ARRIVALS = {"trace": lambda t, seed: t, "spread": spread_ticks, "poisson": poisson_arrivals}
@@ -76,6 +90,36 @@ def scale_lengths(trace: Trace, length_scale: float) -> Trace:
             output_len=_scaled(e.output_len, length_scale),
             prefix_blocks=(),
         )
+        for e in trace.entries
+    )
+    return replace(trace, entries=entries)
+
+
+@dataclass(frozen=True, slots=True)
+class LengthBounds:
+    """Clamps on prompt and output lengths (None: unbounded), so a scaled slice stays servable."""
+
+    min_input: int | None = None
+    max_input: int | None = None
+    min_output: int | None = None
+    max_output: int | None = None
+
+    def __post_init__(self) -> None:
+        for side in ("input", "output"):
+            low, high = getattr(self, f"min_{side}"), getattr(self, f"max_{side}")
+            for name, value in ((f"min_{side}", low), (f"max_{side}", high)):
+                if value is not None and value < 1:
+                    raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"--min-{side} ({low}) is above --max-{side} ({high})")
+
+
+def bound_lengths(trace: Trace, bounds: LengthBounds) -> Trace:
+    """Each request's lengths clamped into ``bounds``; requests are kept, never dropped, so the
+    arrival process (and the rate) stays the trace's."""
+    entries = tuple(
+        replace(e, input_len=_clamped(e.input_len, bounds.min_input, bounds.max_input),
+                output_len=_clamped(e.output_len, bounds.min_output, bounds.max_output))
         for e in trace.entries
     )
     return replace(trace, entries=entries)
@@ -117,6 +161,12 @@ def _arrival(entry: TraceEntry) -> float:
 
 def _scaled(length: int, scale: float) -> int:
     return max(1, round(length * scale))
+
+
+def _clamped(value: int, low: int | None, high: int | None) -> int:
+    if low is not None:
+        value = max(value, low)
+    return value if high is None else min(value, high)
 
 
 def _check_positive(name: str, value: float) -> None:

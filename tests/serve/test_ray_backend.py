@@ -89,7 +89,7 @@ def test_a_killed_actors_waiting_requests_rerun_on_the_other_worker_unless_told_
         return await replies
 
     replies = asyncio.run(scenario())
-    assert replies[0].status_code == 500 and "asked not to be retried" in replies[0].text
+    assert replies[0].status_code == 503 and "asked not to be retried" in replies[0].text
     assert [r.json()["choices"][0]["text"] for r in replies[1:]] == [reference[0]] * 3
     assert {r.headers["x-tropical-prefill-worker"] for r in replies[1:]} == {"1"}
     assert _counter(server, "tropical_requests", outcome="rerun") - reruns == 1

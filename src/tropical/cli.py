@@ -175,7 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     from tropical.sched.registry import policy_names
-    from tropical.serve.options import BACKENDS, ServeOptions
+    from tropical.serve.options import BACKENDS, ENGINES, ServeOptions
 
     d = ServeOptions()
     parser.add_argument("--policy", default=d.policy, choices=policy_names())
@@ -206,6 +206,11 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
                                               "private Ray instance here)")
     parser.add_argument("--ray-max-restarts", type=int, default=d.ray_max_restarts,
                         help="times Ray restarts a dead worker actor (-1: always)")
+    parser.add_argument("--engine", default=d.engine, choices=ENGINES,
+                        help="tropical (our engine) or vllm (vLLM servers as workers; docs/vllm.md)")
+    parser.add_argument("--worker-urls", help="attach to running vLLM servers: prefill=URL,multiplex=URL,...")
+    parser.add_argument("--vllm-python", default=d.vllm_python, help="Python of the vLLM environment")
+    parser.add_argument("--vllm-out", default=d.vllm_out, help="folder for the vLLM instances' logs")
 
 
 def _add_fidelity_options(parser: argparse.ArgumentParser) -> None:

@@ -100,9 +100,7 @@ class Router:
         return len(self.handles)
 
     def slo_of(self, submission: Submission) -> SLO:
-        default = self.settings.slo.resolve(len(submission.prompt_ids), self.reference)
-        ttft, tpot = submission.slo_ttft_ms, submission.slo_tpot_ms
-        return SLO(default.ttft if ttft is None else ttft / 1e3, default.tpot if tpot is None else tpot / 1e3)
+        return submission.slo(self.settings.slo, self.reference)
 
     def submit(self, submission: Submission) -> RequestHandle:
         """Admit a request and let the policy place its prefill; raises Rejected."""

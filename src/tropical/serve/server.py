@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from tropical.serve.app import ServerState, add_routes
 from tropical.serve.launch import launch
 from tropical.serve.options import ServeOptions
+from tropical.serve.vllm_launch import launch_vllm
 
 
 def build_app(options: ServeOptions) -> FastAPI:
@@ -26,7 +27,7 @@ def build_app(options: ServeOptions) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         say(f"starting {options.policy} with model {options.model} ...")
-        cluster = await launch(options, state.metrics)
+        cluster = await (launch_vllm if options.engine == "vllm" else launch)(options, state.metrics)
         state.model_id, state.max_model_len = cluster.model_name, cluster.max_model_len
         state.created, state.router = int(time.time()), cluster.router
         say(cluster.profile_note)

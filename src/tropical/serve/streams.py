@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
+from tropical.core.slo import SLO, SLOSpec
 from tropical.engine.sampling import SamplingParams
 from tropical.serve.detokenize import Decoder, TextStream
 
@@ -27,6 +29,12 @@ class Submission:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     retry: bool = True
+
+    def slo(self, default: SLOSpec, reference: LatencyModel) -> SLO:
+        """Its own SLO fields where given, else the server's default for its prompt length."""
+        base = default.resolve(len(self.prompt_ids), reference)
+        ttft, tpot = self.slo_ttft_ms, self.slo_tpot_ms
+        return SLO(base.ttft if ttft is None else ttft / 1e3, base.tpot if tpot is None else tpot / 1e3)
 
 
 @dataclass(frozen=True, slots=True)

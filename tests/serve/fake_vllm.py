@@ -48,7 +48,7 @@ class FakeVllm:
     name: str = "tiny-random"
     vocab: int = 512
     eos: int | None = None
-    prefill_s_per_token: float = 0.0
+    prefill_s_per_token: float = 0.0005
     step_s: float = 0.005
     blocks: int = 1024
     block_size: int = 16

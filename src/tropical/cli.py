@@ -123,13 +123,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from tropical.engine.profiler import GRIDS, profile_model, write_profile
 
-    result = profile_model(args.model, GRIDS[args.grid], _torch_dtype(args.dtype), args.device)
-    out = Path(args.out or f"out/profile-{Path(args.model).stem}.json")
+    if args.server:
+        import asyncio
+
+        from tropical.serve.vllm_profile import measure_server
+
+        result = asyncio.run(measure_server(args.server, args.grid, args.model, args.dtype))
+    else:
+        result = profile_model(args.model, GRIDS[args.grid], _torch_dtype(args.dtype), args.device)
+    out = Path(args.out or f"out/profile-{'server' if args.server else Path(args.model).stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_profile(result, out)
     rows = [[kind, f"{e.median_pct:.1f}", f"{e.max_pct:.1f}"] for kind, e in result.errors.items()]
     print(render(["iterations", "median error %", "max error %"], rows))
-    print(f"latency profile of {args.model}: {out} (use it with: tropical sim --profile {out})")
+    source = args.server or args.model
+    print(f"latency profile of {source}: {out} (use it with: tropical sim --profile {out})")
     return 0
 
 
@@ -268,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure this engine into a latency profile for sim and the toggle")
     _add_model_options(prof, default="tiny-random")
     prof.add_argument("--out", help="profile JSON (default out/profile-<model>.json)")
+    prof.add_argument("--server", help="measure a running vLLM/OpenAI server at this URL over HTTP instead")
     prof.add_argument("--grid", default="quick", choices=["quick", "medium", "full"],
                       help="points to measure: quick (seconds), medium (prompts to 768 tokens, a minute or "
                            "two), full (to 4k tokens; tens of GB of KV for larger models)")

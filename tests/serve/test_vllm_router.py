@@ -156,3 +156,14 @@ def test_a_killed_decode_instance_fails_requests_cleanly_then_refuses_new_ones(
     assert first.status_code in (500, 503) and "no live" in first.json()["error"]["message"]
     assert [w["alive"] for w in httpx.get(f"{router}/health").json()["workers"]] == [True, False]
     assert post(router, {}).status_code == 503
+
+
+def test_profile_server_fits_a_profile_over_http(fakes: Fakes, tmp_path: Path) -> None:
+    from tropical.calibration.store import load_profile
+    from tropical.cli import main
+
+    out = tmp_path / "server.json"
+    assert main(["profile", "--server", fakes[0].url, "--out", str(out)]) == 0
+    fitted = load_profile(out)
+    assert fitted.prefill_per_token > 0, "the fake's prefill grows with the prompt"
+    assert fitted.decode_intercept + fitted.decode_per_seq > 0

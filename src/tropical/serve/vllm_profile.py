@@ -12,10 +12,12 @@ as it happens (``tropical_migration_seconds``).
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from dataclasses import dataclass
 from itertools import count
+from pathlib import Path
 
 from tropical.core.latency.shape import BatchShape
 from tropical.engine.profiler import ProfileResult, Sample, fit_samples
@@ -97,3 +99,24 @@ def kv_bytes_per_token(config: dict, dtype: str) -> float:
     heads = config.get("num_key_value_heads") or config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return float(2 * config["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2))
+
+
+async def measure_server(url: str, grid: str, model_dir: str | None, dtype: str) -> ProfileResult:
+    """Profile the server at ``url`` (its first model); KV bytes per token come from the model's
+    config.json: the directory the server names as its model's root, else ``model_dir``."""
+    instance = VllmInstance(url.rstrip("/"), "")
+    try:
+        models = (await instance.client.get(f"{instance.url}/v1/models", timeout=30)).json()["data"]
+        instance.model = models[0]["id"]
+        config = _config(models[0].get("root"), model_dir)
+        kv_bytes = kv_bytes_per_token(config, dtype) if config else 0.0
+        return await profile_server(instance, HTTP_GRIDS[grid], kv_bytes)
+    finally:
+        await instance.close()
+
+
+def _config(*dirs: str | None) -> dict | None:
+    for folder in dirs:
+        if folder and (Path(folder) / "config.json").is_file():
+            return json.loads((Path(folder) / "config.json").read_text())
+    return None

@@ -4,11 +4,13 @@ A worker's role becomes its NIXL connector role (prefill → kv_producer, decode
 multiplex → kv_both, since it also prefills locally; colocated → no connector). Each instance is
 pinned to its own cores through vLLM's CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``) and gets
 its own NIXL side-channel port. The process runs in its own session, so stopping its process
-group stops vLLM's engine-core child too.
+group stops vLLM's engine-core child too; and it gets SIGTERM if the router dies first (Linux's
+parent-death signal), so a router killed while starting leaves no vLLM behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -85,7 +87,8 @@ class VllmProcess:
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         with launch.log.open("w") as out:
             process = subprocess.Popen(launch.command(), env=launch.environment(dict(os.environ)),
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                       preexec_fn=_terminate_with_parent)
         return cls(launch, process)
 
     @property
@@ -112,3 +115,11 @@ class VllmProcess:
             deadline = time.monotonic() + timeout
             while self.running and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the router process exits."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

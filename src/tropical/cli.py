@@ -219,6 +219,9 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-urls", help="attach to running vLLM servers: prefill=URL,multiplex=URL,...")
     parser.add_argument("--vllm-python", default=d.vllm_python, help="Python of the vLLM environment")
     parser.add_argument("--vllm-out", default=d.vllm_out, help="folder for the vLLM instances' logs")
+    parser.add_argument("--nixl-poll-delay-us", type=int, default=d.nixl_poll_delay_us,
+                        help="CPU only, opt-in: let NIXL's progress thread sleep this long between polls "
+                             "(it spins a core otherwise; docs/vllm.md)")
 
 
 def _add_fidelity_options(parser: argparse.ArgumentParser) -> None:

@@ -13,8 +13,8 @@ import pytest
 from tests.live_server import LiveServer, live_server
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-pytestmark = pytest.mark.skipif(
-    not VLLM_PYTHON.is_file(), reason="vLLM is not installed: run `bash scripts/setup-vllm.sh` for the live vLLM test")
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="vLLM is not installed: run "
+                                "`bash scripts/setup-vllm.sh` for the live vLLM test")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 

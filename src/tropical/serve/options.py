@@ -50,6 +50,7 @@ class ServeOptions:
     worker_urls: str | None = None
     vllm_python: str = ".venv-vllm/bin/python"
     vllm_out: str = "out/serve-vllm"
+    nixl_poll_delay_us: int = 0
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
@@ -69,6 +70,9 @@ class ServeOptions:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.worker_urls is not None and self.engine != "vllm":
             raise ValueError("--worker-urls needs --engine vllm")
+        if self.nixl_poll_delay_us and (self.engine != "vllm" or self.device != "cpu"):
+            raise ValueError("--nixl-poll-delay-us is a CPU workaround for vLLM's NIXL connector: "
+                             "it needs --engine vllm on --device cpu")
         if self.ray_max_restarts < -1:
             raise ValueError(f"--ray-max-restarts must be -1 (no limit) or more, got {self.ray_max_restarts}")
         placements(self, policy_and_roles(self)[1])

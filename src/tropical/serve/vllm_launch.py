@@ -53,6 +53,11 @@ class VllmCluster:
     max_model_len: int
 
     async def stop(self) -> None:
+        for shadow in self.router.shadows:
+            online = shadow.latency
+            print(f"tropical: vLLM instance {shadow.state.id} ran at x{online.prefill_scale:.2f} (prefill) "
+                  f"and x{online.decode_scale:.2f} (decode) of its profile's prediction "
+                  f"({online.observations} observations)", flush=True)
         await self.router.stop()
         await asyncio.gather(*(asyncio.to_thread(c.process.stop) for c in self.clients if c.process))
 
@@ -121,7 +126,7 @@ def start(options: ServeOptions, roles: list[Role], model_dir: Path, name: str) 
     for i, role in enumerate(roles):
         launch = VllmLaunch(python, str(model_dir), name, role, free_port(), free_port(), cores[i],
                             out / f"vllm-{i}-{role.value}.log", options.dtype, options.max_model_len,
-                            options.max_batched_tokens)
+                            options.max_batched_tokens, nixl_poll_delay_us=options.nixl_poll_delay_us)
         instances.append(VllmInstance(launch.url, name, VllmProcess.start(launch)))
     return instances
 

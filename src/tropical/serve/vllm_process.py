@@ -22,6 +22,8 @@ from pathlib import Path
 from tropical.sched.rules import Role
 
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer", Role.MULTIPLEX: "kv_both"}
+CPU_PATCH = Path(__file__).parent / "vllm_cpu_patch"
+"""The opt-in NIXL poll-delay workaround (its sitecustomize), put on the vLLM process's path."""
 KV_CACHE_GIB = 1
 """vLLM's CPU KV cache per instance (``VLLM_CPU_KVCACHE_SPACE``): ~23k tokens of SmolLM2 in fp32."""
 
@@ -42,6 +44,7 @@ class VllmLaunch:
     max_model_len: int = 2048
     max_batched_tokens: int = 2048
     kv_cache_gib: int = KV_CACHE_GIB
+    nixl_poll_delay_us: int = 0
 
     @property
     def url(self) -> str:
@@ -60,10 +63,15 @@ class VllmLaunch:
         return args
 
     def environment(self, base: dict[str, str]) -> dict[str, str]:
-        return {**base, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
-                "VLLM_CPU_OMP_THREADS_BIND": self.cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-                "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port)}
+        env = {**base, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+               "VLLM_CPU_OMP_THREADS_BIND": self.cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+               "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+               "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port)}
+        if self.nixl_poll_delay_us and self.role in KV_ROLES:
+            path = [str(CPU_PATCH), *filter(None, [base.get("PYTHONPATH")])]
+            env |= {"PYTHONPATH": os.pathsep.join(path),
+                    "TROPICAL_NIXL_POLL_DELAY_US": str(self.nixl_poll_delay_us)}
+        return env
 
 
 def core_sets(instances: int, cpus: list[int]) -> list[str]:

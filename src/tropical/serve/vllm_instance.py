@@ -18,6 +18,7 @@ import httpx
 from tropical.serve.vllm_process import VllmProcess
 
 CONNECT_ERRORS = (httpx.TransportError,)
+PROBE_TIMEOUT_S = 10.0
 
 
 class InstanceDied(Exception):
@@ -67,16 +68,19 @@ class VllmInstance:
                 self.on_death()
 
     async def probe(self) -> bool:
-        """True while its process runs and /health answers 200; a failed probe marks it dead."""
-        healthy = self.process is None or self.process.running
-        if healthy:
-            try:
-                healthy = (await self.client.get(f"{self.url}/health", timeout=5)).status_code == 200
-            except CONNECT_ERRORS:
-                healthy = False
-        if not healthy:
+        """False, and the instance marked dead, once its process has exited or nothing listens on
+        its port any more; a slow or failing /health (a busy machine) is not a death."""
+        if self.process is not None and not self.process.running:
             self.died()
-        return healthy
+            return False
+        try:
+            await self.client.get(f"{self.url}/health", timeout=PROBE_TIMEOUT_S)
+        except httpx.ConnectError:
+            self.died()
+            return False
+        except httpx.TransportError:
+            pass
+        return True
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A whole (non-streamed) completion's JSON."""

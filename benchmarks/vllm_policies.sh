@@ -8,7 +8,8 @@
 # the very same processes; each policy gets its own router. Not run in CI (vLLM, ~minutes per policy).
 #
 # Usage: bash benchmarks/vllm_policies.sh
-# Knobs (environment): LIMIT, LENGTH_SCALE, RATE_SCALE, SLO_TTFT_MS, SLO_TPOT_MS, POLICIES, OUT, GRID.
+# Knobs (environment): LIMIT, LENGTH_SCALE, RATE_SCALE, SLO_TTFT_MS, SLO_TPOT_MS, POLICIES, OUT, GRID,
+# NIXL_POLL_DELAY_US (the opt-in CPU workaround of docs/vllm.md, on here; 0 turns it off).
 # Results: $OUT/<policy>/summary.json and a Markdown table on stdout (benchmarks/vs_vllm_report.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,7 @@ SLO_TTFT_MS=${SLO_TTFT_MS:-3000}
 SLO_TPOT_MS=${SLO_TPOT_MS:-300}
 POLICIES=${POLICIES:-"vllm-chunked disagg tropical tropical+"}
 GRID=${GRID:-quick}
+NIXL_POLL_DELAY_US=${NIXL_POLL_DELAY_US:-1000}
 START_TIMEOUT_S=1500
 PORTS=(8331 8332)
 SIDE_PORTS=(5611 5612)
@@ -54,7 +56,8 @@ wait_up() {  # wait_up URL PID LOGFILE
 
 start_instance() {  # start_instance INDEX: vLLM on its own core, NIXL connector as both roles
     local i=$1 logfile=$OUT/vllm-$1.log
-    VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
+    PYTHONPATH=src/tropical/serve/vllm_cpu_patch TROPICAL_NIXL_POLL_DELAY_US=$NIXL_POLL_DELAY_US \
+        VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
         VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=${SIDE_PORTS[$i]} \
         setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$OUT/$NAME" \
         --served-model-name "$NAME" --dtype "$DTYPE" --max-model-len "$MAX_MODEL_LEN" \

@@ -167,3 +167,10 @@ def test_profile_server_fits_a_profile_over_http(fakes: Fakes, tmp_path: Path) -
     fitted = load_profile(out)
     assert fitted.prefill_per_token > 0, "the fake's prefill grows with the prompt"
     assert fitted.decode_intercept + fitted.decode_per_seq > 0
+
+
+def test_a_stop_string_ends_the_reply_where_it_appears(router: str) -> None:
+    whole = expected_text()
+    stop = whole[len(whole) // 2:len(whole) // 2 + 3]
+    reply = post(router, {"stop": [stop]}).json()["choices"][0]
+    assert reply["text"] == whole[:whole.index(stop)] and reply["finish_reason"] == "stop"

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -216,17 +217,18 @@ class VllmRouter:
             return
         if req.id not in shadow.state.incoming:
             shadow.sent(req, self.clock())
-        async for chunk in self.clients[worker_id].stream(body):
-            now = self.clock()
-            if handle.completion_tokens == 0 and chunk.token_ids:
-                first(req, worker_id, now)
-                req.first_token = now
-            stopped = handle.emit(chunk.token_ids) if chunk.token_ids else False
-            shadow.decoded(req, handle.completion_tokens, now)
-            self._after_event(worker_id, now)
-            if stopped or chunk.finish_reason is not None:
-                self._finish(req, "stop" if stopped else chunk.finish_reason)
-                return
+        async with aclosing(self.clients[worker_id].stream(body)) as chunks:
+            async for chunk in chunks:
+                now = self.clock()
+                if handle.completion_tokens == 0 and chunk.token_ids:
+                    first(req, worker_id, now)
+                    req.first_token = now
+                stopped = handle.emit(chunk.token_ids) if chunk.token_ids else False
+                shadow.decoded(req, handle.completion_tokens, now)
+                self._after_event(worker_id, now)
+                if stopped or chunk.finish_reason is not None:
+                    self._finish(req, "stop" if stopped else chunk.finish_reason)
+                    return
         self._finish(req, "length")
 
     def _prefilled_here(self, req: Request, worker_id: int, now: float) -> None:

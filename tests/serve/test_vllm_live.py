@@ -4,6 +4,8 @@ NIXL hand-off on CPU). Runs only where `bash scripts/setup-vllm.sh` has installe
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,3 +47,13 @@ def test_the_hand_off_is_measured(server: LiveServer) -> None:
     chat(server)
     metrics = httpx.get(f"{server.url}/metrics").text
     assert "tropical_migration_seconds_count" in metrics
+
+
+def test_a_killed_prefill_instance_is_survived(server: LiveServer) -> None:
+    """Last in the module: it leaves the server with one instance."""
+    prefill = server.health()["workers"][0]
+    os.kill(prefill["pid"], signal.SIGKILL)
+    reply = chat(server)
+    assert reply.status_code == 200, reply.text
+    assert "Paris" in reply.json()["choices"][0]["message"]["content"]
+    assert [w["alive"] for w in server.health()["workers"]] == [False, True]

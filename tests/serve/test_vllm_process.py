@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from tropical.sched.rules import Role
 from tropical.serve.options import ServeOptions
 from tropical.serve.vllm_launch import parse_worker_urls
-from tropical.serve.vllm_process import CPU_PATCH, VllmLaunch, core_sets
+from tropical.serve.vllm_process import CPU_PATCH, VllmLaunch, VllmProcess, core_sets
 
 
 def launch(role: Role, delay: int = 0) -> VllmLaunch:
@@ -83,3 +86,17 @@ def test_the_cpu_patch_gives_nixl_agents_the_poll_delay_only_when_asked(tmp_path
     out = subprocess.run([sys.executable, "-c", "import nixl_cu12._api as a; print(a.make_agent())"],
                          env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(delay)
+
+
+CHILD_AND_SLEEP = ("import subprocess, sys, time; "
+                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+
+
+def test_stopping_an_instance_ends_its_whole_process_group_even_when_its_leader_is_gone() -> None:
+    leader = subprocess.Popen([sys.executable, "-c", CHILD_AND_SLEEP], start_new_session=True)
+    process = VllmProcess(launch(Role.PREFILL), leader)
+    time.sleep(0.5)
+    os.kill(process.pid, signal.SIGKILL)
+    process.stop(timeout=5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)

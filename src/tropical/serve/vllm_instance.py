@@ -9,6 +9,7 @@ instance dead; ``probe`` lets a watcher notice deaths between requests too.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,9 +62,12 @@ class VllmInstance:
         return self.url
 
     def died(self) -> None:
-        """Mark the instance dead (once) and tell the router."""
+        """Mark the instance dead (once), tell the router, and end what is left of a started one
+        (its engine-core child may outlive its server) without blocking the event loop."""
         if self.alive:
             self.alive = False
+            if self.process is not None:
+                threading.Thread(target=self.process.stop, daemon=True).start()
             if self.on_death is not None:
                 self.on_death()
 

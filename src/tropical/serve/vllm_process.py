@@ -112,17 +112,18 @@ class VllmProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM to the process group, SIGKILL if it lingers."""
+        """SIGTERM to the process group, SIGKILL if any of it lingers; the group is signalled even
+        when the server itself is gone, since its engine-core child may outlive it."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not self.running:
-                return
+            deadline = time.monotonic() + timeout
             try:
                 os.killpg(self.pid, sig)
+                while time.monotonic() < deadline:
+                    self.process.poll()
+                    os.killpg(self.pid, 0)
+                    time.sleep(0.1)
             except ProcessLookupError:
                 return
-            deadline = time.monotonic() + timeout
-            while self.running and time.monotonic() < deadline:
-                time.sleep(0.1)
 
 
 PR_SET_PDEATHSIG = 1

@@ -58,6 +58,8 @@ def test_worker_urls_name_roles_and_bad_entries_are_refused() -> None:
         parse_worker_urls("decoder=http://a:1")
     with pytest.raises(ValueError, match="needs --engine vllm"):
         ServeOptions(worker_urls="prefill=http://a:1")
+    with pytest.raises(ValueError, match="drop --workers"):
+        ServeOptions(engine="vllm", workers="2", worker_urls="prefill=http://a:1")
     with pytest.raises(ValueError, match="CPU workaround"):
         ServeOptions(engine="vllm", device="cuda", nixl_poll_delay_us=1000)
 

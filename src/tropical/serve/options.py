@@ -70,6 +70,8 @@ class ServeOptions:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.worker_urls is not None and self.engine != "vllm":
             raise ValueError("--worker-urls needs --engine vllm")
+        if self.worker_urls is not None and self.workers is not None:
+            raise ValueError("--worker-urls already names each worker's role; drop --workers")
         if self.nixl_poll_delay_us and (self.engine != "vllm" or self.device != "cpu"):
             raise ValueError("--nixl-poll-delay-us is a CPU workaround for vLLM's NIXL connector: "
                              "it needs --engine vllm on --device cpu")

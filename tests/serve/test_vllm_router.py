@@ -174,3 +174,15 @@ def test_a_stop_string_ends_the_reply_where_it_appears(router: str) -> None:
     stop = whole[len(whole) // 2:len(whole) // 2 + 3]
     reply = post(router, {"stop": [stop]}).json()["choices"][0]
     assert reply["text"] == whole[:whole.index(stop)] and reply["finish_reason"] == "stop"
+
+
+def test_attached_instances_name_the_model_clients_use(profile: Path, tmp_path: Path) -> None:
+    with running_fake(FakeVllm("served-as")) as a, running_fake(FakeVllm("served-as")) as b:
+        urls = f"prefill={a.url},multiplex={b.url}"
+        options = ServeOptions(model=MODEL, engine="vllm", worker_urls=urls, profile=str(profile),
+                               port=free_port(), vllm_out=str(tmp_path))
+        with serving(options) as url:
+            assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["served-as"]
+            body = {"model": "served-as", "prompt": PROMPT}
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text

@@ -66,14 +66,16 @@ async def launch_vllm(options: ServeOptions, metrics: ServerMetrics) -> VllmClus
     """Instances up and answering, a profile, shadows, and the router driving them."""
     urls = parse_worker_urls(options.worker_urls) if options.worker_urls else None
     if urls is not None:
-        options = replace(options, workers=",".join(role.value for role, _ in urls))
+        options = replace(options, workers=",".join(role.value for role, _ in urls), worker_urls=None)
     policy, roles = policy_and_roles(options)
     model_dir = model_directory(options)
-    name = options.served_model_name or options.model
+    name = options.served_model_name or Path(options.model).stem
     instances = (attach(urls, roles, name) if urls is not None
                  else start(options, roles, model_dir, name))
     try:
         await asyncio.gather(*(wait_ready(i, options.start_timeout) for i in instances))
+        if urls is not None and options.served_model_name is None:
+            name = await served_name(instances)
         latency, note = await _profile(options, instances[0], model_dir)
         pools = await asyncio.gather(*(kv_pool(i, options) for i in instances))
     except BaseException:
@@ -161,6 +163,18 @@ async def wait_ready(instance: VllmInstance, timeout: float) -> None:
             pass
         await asyncio.sleep(READY_POLL_S)
     raise TimeoutError(f"vLLM at {instance.url} was not ready within {timeout:.0f}s")
+
+
+async def served_name(instances: list[VllmInstance]) -> str:
+    """The model id attached instances serve (the first one's), which clients then use too."""
+    ids = []
+    for instance in instances:
+        reply = await instance.client.get(f"{instance.url}/v1/models", timeout=30)
+        instance.model = reply.json()["data"][0]["id"]
+        ids.append(instance.model)
+    if len(set(ids)) > 1:
+        raise ValueError(f"the --worker-urls instances serve different models: {', '.join(ids)}")
+    return ids[0]
 
 
 async def kv_pool(instance: VllmInstance, options: ServeOptions) -> tuple[int, int]:

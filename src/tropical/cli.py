@@ -159,13 +159,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from tropical.engine.profiler import GRIDS, profile_model, write_profile
 
-    result = profile_model(args.model, GRIDS[args.grid], _torch_dtype(args.dtype), args.device)
-    out = Path(args.out or f"out/profile-{Path(args.model).stem}.json")
+    if args.server:
+        import asyncio
+
+        from tropical.serve.vllm_profile import measure_server
+
+        result = asyncio.run(measure_server(args.server, args.grid, args.model, args.dtype))
+    else:
+        result = profile_model(args.model, GRIDS[args.grid], _torch_dtype(args.dtype), args.device)
+    out = Path(args.out or f"out/profile-{'server' if args.server else Path(args.model).stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_profile(result, out)
     rows = [[kind, f"{e.median_pct:.1f}", f"{e.max_pct:.1f}"] for kind, e in result.errors.items()]
     print(render(["iterations", "median error %", "max error %"], rows))
-    print(f"latency profile of {args.model}: {out} (use it with: tropical sim --profile {out})")
+    source = args.server or args.model
+    print(f"latency profile of {source}: {out} (use it with: tropical sim --profile {out})")
     return 0
 
 
@@ -216,7 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _add_serve_options(parser: argparse.ArgumentParser) -> None:
     from tropical.sched.registry import policy_names
-    from tropical.serve.options import BACKENDS, ServeOptions
+    from tropical.serve.options import BACKENDS, ENGINES, ServeOptions
 
     d = ServeOptions()
     helps = {
@@ -244,6 +252,12 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
         "backend": f"{' or '.join(BACKENDS)}: workers as local processes, or as Ray actors (see docs/ray.md)",
         "ray_address": "join this Ray cluster, e.g. HEAD:6379 (default: start a private Ray instance here)",
         "ray_max_restarts": "times Ray restarts a dead worker actor (-1: always)",
+        "engine": f"{' or '.join(ENGINES)}: our engine, or vLLM servers as workers (docs/vllm.md)",
+        "worker_urls": "attach to running vLLM servers: prefill=URL,multiplex=URL,...",
+        "vllm_python": "Python of the vLLM environment",
+        "vllm_out": "folder for the vLLM instances' logs",
+        "nixl_poll_delay_us": "CPU only, opt-in: let NIXL's progress thread sleep this long between polls "
+                              "(it spins a core otherwise; docs/vllm.md)",
     }
     add_fields_as_options(parser, ServeOptions, helps)
 
@@ -302,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure this engine into a latency profile for sim and the toggle")
     _add_model_options(prof, default="tiny-random")
     prof.add_argument("--out", help="profile JSON (default out/profile-<model>.json)")
+    prof.add_argument("--server", help="measure a running vLLM/OpenAI server at this URL over HTTP instead")
     prof.add_argument("--grid", default="quick", choices=["quick", "medium", "full"],
                       help="points to measure: quick (seconds), medium (prompts to 768 tokens, a minute or "
                            "two), full (to 4k tokens; tens of GB of KV for larger models)")

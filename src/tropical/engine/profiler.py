@@ -95,9 +95,15 @@ def profile_engine(model: LlamaModel, cache: PagedKVCache, grid: Grid = QUICK) -
     _check_room(model, cache, grid)
     samples = [Sample(kind, _shape(spans), _time(model, cache, spans, grid))
                for kind, spans in _points(grid)]
-    fitted = _fit(samples, _kv_bytes_per_token(cache), *_transfer(cache, grid.transfer_tokens))
-    errors = {kind: _error(fitted, [s for s in samples if s.kind == kind])
-              for kind in ("prefill", "decode", "mixed")}
+    return fit_samples(samples, _kv_bytes_per_token(cache), *_transfer(cache, grid.transfer_tokens))
+
+
+def fit_samples(samples: list[Sample], kv_bytes: float, bandwidth: float, latency: float) -> ProfileResult:
+    """Fit a FittedModel to measured points (from this engine or from a server over HTTP), with
+    its error on each kind of point measured."""
+    fitted = _fit(samples, kv_bytes, bandwidth, latency)
+    kinds = dict.fromkeys(s.kind for s in samples)
+    errors = {kind: _error(fitted, [s for s in samples if s.kind == kind]) for kind in kinds}
     return ProfileResult(fitted, errors, samples)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tropical.core.request import Request
+from tropical.core.slo import SLO
 from tropical.sched.worker import WorkerState
 
 NO_LIVE_WORKER = "no live worker can serve it"
@@ -27,3 +28,9 @@ def admission_error(req: Request, workers: Sequence[WorkerState],
     if not any(w.role.decodes and w.kv.capacity_tokens >= req.kv_tokens for w in live):
         return f"{req.kv_tokens} tokens of KV exceed every decoding worker's KV cache"
     return None
+
+
+def serving_error(workers: Sequence[WorkerState]) -> str | None:
+    """Why no new request could be served now (what /health reports), or None when one could:
+    the admission rules applied to the smallest request."""
+    return admission_error(Request(-1, 0.0, 1, 1, SLO(1.0, 1.0)), workers)

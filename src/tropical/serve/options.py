@@ -14,6 +14,7 @@ from tropical.serve.placement import Placement, split_pins
 DEFAULT_WORKERS = {"colocated": "2", "chunked": "2", "disagg": "prefill,decode",
                    "tropical": "prefill,multiplex", "tropical+": "prefill,multiplex"}
 BACKENDS = ("local", "ray")
+ENGINES = ("tropical", "vllm")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class ServeOptions(PolicyConfig):
     backend: str = "local"
     ray_address: str | None = None
     ray_max_restarts: int = 3
+    engine: str = "tropical"
+    worker_urls: str | None = None
+    vllm_python: str = ".venv-vllm/bin/python"
+    vllm_out: str = "out/serve-vllm"
+    nixl_poll_delay_us: int = 0
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
@@ -64,6 +70,15 @@ class ServeOptions(PolicyConfig):
             raise ValueError("--ray-address needs --backend ray")
         if self.backend == "ray" and importlib.util.find_spec("ray") is None:
             raise ValueError("--backend ray needs Ray; install it with: pip install 'tropical[ray]'")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.worker_urls is not None and self.engine != "vllm":
+            raise ValueError("--worker-urls needs --engine vllm")
+        if self.worker_urls is not None and self.workers is not None:
+            raise ValueError("--worker-urls already names each worker's role; drop --workers")
+        if self.nixl_poll_delay_us and (self.engine != "vllm" or self.device != "cpu"):
+            raise ValueError("--nixl-poll-delay-us is a CPU workaround for vLLM's NIXL connector: "
+                             "it needs --engine vllm on --device cpu")
         if self.ray_max_restarts < -1:
             raise ValueError(f"--ray-max-restarts must be -1 (no limit) or more, got {self.ray_max_restarts}")
         placements(self, policy_and_roles(self)[1])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO, SLOSpec
-from tropical.sched.admission import NO_LIVE_WORKER
+from tropical.sched.admission import NO_LIVE_WORKER, serving_error
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrate, Wake
 from tropical.sched.policy import Policy
 from tropical.sched.step import TokenSequence, record_tokens, step_spec
@@ -104,10 +104,7 @@ class Router:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def slo_of(self, submission: Submission) -> SLO:
-        """The request's own targets where it names them (ms, as SLOSpec takes them), else the server's."""
-        named = {"ttft_ms": submission.slo_ttft_ms, "tpot_ms": submission.slo_tpot_ms}
-        spec = replace(self.settings.slo, **{k: v for k, v in named.items() if v is not None})
-        return spec.resolve(len(submission.prompt_ids), self.reference)
+        return submission.slo(self.settings.slo, self.reference)
 
     def submit(self, submission: Submission) -> RequestHandle:
         """Admit a request and let the policy place its prefill; raises Rejected."""
@@ -360,9 +357,7 @@ class Router:
     def unavailable(self) -> str | None:
         """Why no new request could be served now (for /health), or None when one could: the
         admission rules applied to the smallest request."""
-        if self.draining:
-            return SHUTTING_DOWN
-        return self.cluster.admission_error(Request(-1, self.clock(), 1, 1, SLO(1.0, 1.0)))
+        return SHUTTING_DOWN if self.draining else serving_error(self.workers)
 
     async def drain(self, timeout: float) -> None:
         """Stop taking requests and wait (up to ``timeout``) for those in flight to finish; those

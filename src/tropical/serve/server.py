@@ -23,6 +23,7 @@ from tropical.serve.app import MIB, ServerState, add_routes
 from tropical.serve.auth import resolve_api_key
 from tropical.serve.launch import launch
 from tropical.serve.options import ServeOptions
+from tropical.serve.vllm_launch import launch_vllm
 
 FLUSH_S = 5
 """uvicorn's own graceful shutdown, after the router's drain: time for the last responses (error
@@ -36,7 +37,7 @@ def build_app(options: ServeOptions, state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         say(f"starting {options.policy} with model {options.model} ...")
-        cluster = await launch(options, state.metrics)
+        cluster = await (launch_vllm if options.engine == "vllm" else launch)(options, state.metrics)
         state.model_id, state.max_model_len = cluster.model_name, cluster.max_model_len
         state.created, state.router = int(time.time()), cluster.router
         say(cluster.profile_note)
@@ -98,10 +99,15 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, None)
 
 
+def server_state(options: ServeOptions) -> ServerState:
+    """What the endpoints read before and after the workers are up: model id, key, body limit."""
+    return ServerState(model_id=options.served_model_name or options.model,
+                       api_key=resolve_api_key(options.api_key, options.api_key_file, os.environ),
+                       max_body_bytes=int(options.max_body_mb * MIB))
+
+
 def serve(options: ServeOptions) -> None:
-    state = ServerState(model_id=options.served_model_name or options.model,
-                        api_key=resolve_api_key(options.api_key, options.api_key_file, os.environ),
-                        max_body_bytes=int(options.max_body_mb * MIB))
+    state = server_state(options)
     config = uvicorn.Config(build_app(options, state), host=options.host, port=options.port,
                             log_level="warning", timeout_graceful_shutdown=FLUSH_S)
     DrainingServer(config, state, options.drain_timeout).run()

@@ -7,10 +7,12 @@ detokenized on the router side, so stop strings end generation (and free KV) whe
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.sampling import SamplingParams
+from tropical.core.slo import SLO, SLOSpec
 from tropical.serve.detokenize import Decoder, TextStream
 
 
@@ -27,6 +29,13 @@ class Submission:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     retry: bool = True
+
+    def slo(self, default: SLOSpec, reference: LatencyModel) -> SLO:
+        """Its own targets where it names them (ms, as SLOSpec takes them), else the server's
+        default for its prompt length."""
+        named = {"ttft_ms": self.slo_ttft_ms, "tpot_ms": self.slo_tpot_ms}
+        spec = replace(default, **{k: v for k, v in named.items() if v is not None})
+        return spec.resolve(len(self.prompt_ids), reference)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The paper's comparison on one engine: the same two vLLM instances (CPU build, SmolLM2) behind
+# tropical serve --engine vllm with each policy, replaying the same trace slice.
+#   vllm-chunked: vLLM's own chunked prefill on both instances, fewest-unfinished-tokens routing
+#   disagg:       1 prefill + 1 decode instance, KV handed off through NIXL (DistServe's split)
+#   tropical, tropical+: 1 prefill + 1 multiplexing instance, the toggle deciding on the shadows
+# Both instances are started once with the NIXL connector in role kv_both, so every policy routes
+# the very same processes; each policy gets its own router. Not run in CI (vLLM, ~minutes per policy).
+#
+# Usage: bash benchmarks/vllm_policies.sh
+# Knobs (environment): LIMIT, LENGTH_SCALE, RATE_SCALE, SLO_TTFT_MS, SLO_TPOT_MS, POLICIES, OUT, GRID,
+# NIXL_POLL_DELAY_US (the opt-in CPU workaround of docs/vllm.md, on here; 0 turns it off).
+# Results: $OUT/<policy>/summary.json and a Markdown table on stdout (benchmarks/vs_vllm_report.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv-vllm
+OUT=${OUT:-out/vllm_policies}
+NAME=smollm2
+DTYPE=float32
+MAX_MODEL_LEN=2048
+LIMIT=${LIMIT:-16}
+LENGTH_SCALE=${LENGTH_SCALE:-0.05}
+RATE_SCALE=${RATE_SCALE:-0.1}
+SLO_TTFT_MS=${SLO_TTFT_MS:-3000}
+SLO_TPOT_MS=${SLO_TPOT_MS:-300}
+POLICIES=${POLICIES:-"vllm-chunked disagg tropical tropical+"}
+GRID=${GRID:-quick}
+NIXL_POLL_DELAY_US=${NIXL_POLL_DELAY_US:-1000}
+START_TIMEOUT_S=1500
+PORTS=(8331 8332)
+SIDE_PORTS=(5611 5612)
+ROUTER_PORT=8330
+pids=()
+
+log() { echo "[vllm_policies] $*" >&2; }
+
+stop_all() {  # every process started here runs in its own session: stop each whole group
+    for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    sleep 5
+    for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+    pids=()
+}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
+
+wait_up() {  # wait_up URL PID LOGFILE
+    local deadline=$((SECONDS + START_TIMEOUT_S))
+    until curl -sf "$1" >/dev/null 2>&1; do
+        if ! kill -0 "$2" 2>/dev/null || ((SECONDS > deadline)); then
+            log "$1 did not come up; the end of $3:"; tail -n 30 "$3" >&2; exit 1
+        fi
+        sleep 2
+    done
+}
+
+start_instance() {  # start_instance INDEX: vLLM on its own core, NIXL connector as both roles
+    local i=$1 logfile=$OUT/vllm-$1.log
+    PYTHONPATH=src/tropical/serve/vllm_cpu_patch TROPICAL_NIXL_POLL_DELAY_US=$NIXL_POLL_DELAY_US \
+        VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
+        VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=${SIDE_PORTS[$i]} \
+        setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$OUT/$NAME" \
+        --served-model-name "$NAME" --dtype "$DTYPE" --max-model-len "$MAX_MODEL_LEN" \
+        --host 127.0.0.1 --port "${PORTS[$i]}" \
+        --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}' \
+        >"$logfile" 2>&1 &
+    pids+=($!)
+    instance_pids[$i]=$!
+}
+
+worker_urls() {  # worker_urls POLICY: the roles this policy gives the two instances
+    local a=http://127.0.0.1:${PORTS[0]} b=http://127.0.0.1:${PORTS[1]}
+    case $1 in
+        vllm-chunked) echo "colocated=$a,colocated=$b" ;;
+        disagg) echo "prefill=$a,decode=$b" ;;
+        tropical | tropical+) echo "prefill=$a,multiplex=$b" ;;
+        *) log "unknown policy '$1'"; exit 2 ;;
+    esac
+}
+
+run_policy() {  # run_policy POLICY: a router over the running instances, the trace slice, stop
+    local policy=${1#vllm-} dir=$OUT/$1 logfile=$OUT/router-$1.log url=http://127.0.0.1:$ROUTER_PORT
+    rm -rf "$dir"
+    setsid .venv/bin/tropical serve --engine vllm --policy "$policy" --worker-urls "$(worker_urls "$1")" \
+        --model "$OUT/$NAME" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" \
+        --profile "$OUT/profile.json" --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" \
+        --port "$ROUTER_PORT" >"$logfile" 2>&1 &
+    local router=$!
+    wait_up "$url/health" "$router" "$logfile"
+    log "$1: replaying $LIMIT requests (length x$LENGTH_SCALE, rate x$RATE_SCALE)"
+    .venv/bin/tropical bench --url "$url" --model "$NAME" --trace conversation --limit "$LIMIT" \
+        --length-scale "$LENGTH_SCALE" --rate-scale "$RATE_SCALE" \
+        --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" --out "$dir" --json >&2
+    curl -s "$url/metrics" >"$dir/router-metrics.txt"
+    kill -TERM -- "-$router" 2>/dev/null || true
+    wait "$router" 2>/dev/null || true
+}
+
+bash scripts/setup-vllm.sh
+mkdir -p "$OUT"
+[[ -f $OUT/$NAME/config.json ]] || .venv/bin/tropical export --model smollm2 --dtype "$DTYPE" --out "$OUT/$NAME" >&2
+declare -a instance_pids
+for i in 0 1; do start_instance "$i"; done
+for i in 0 1; do wait_up "http://127.0.0.1:${PORTS[$i]}/v1/models" "${instance_pids[$i]}" "$OUT/vllm-$i.log"; done
+log "both instances are up"
+[[ -f $OUT/profile.json ]] || .venv/bin/tropical profile --server "http://127.0.0.1:${PORTS[0]}" \
+    --model "$OUT/$NAME" --grid "$GRID" --out "$OUT/profile.json" >&2
+for policy in $POLICIES; do run_policy "$policy"; done
+read -r -a names <<<"$POLICIES"
+.venv/bin/python benchmarks/vs_vllm_report.py "$OUT" "${names[@]}"

@@ -1,0 +1,155 @@
+"""One vLLM OpenAI server as a worker of the router: its HTTP calls, and whether it is alive.
+
+The router talks to an instance only through ``/v1/completions`` with prompt token ids (so the
+router's tokenizer decides the prompt exactly) and ``return_token_ids`` (so the router's own
+detokenizer and stop strings apply, as with our engine). A connection that fails marks the
+instance dead; ``probe`` lets a watcher notice deaths between requests too.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tropical.serve.vllm_process import VllmProcess
+
+CONNECT_ERRORS = (httpx.TransportError,)
+PROBE_TIMEOUT_S = 10.0
+
+
+class InstanceDied(Exception):
+    """The instance stopped answering (connection refused, reset or cut mid-stream)."""
+
+
+class InstanceError(Exception):
+    """The instance answered with an error status; ``status`` and its message are kept."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"vLLM answered {status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """New token ids of one streamed choice, and its finish reason once it ends."""
+
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass(eq=False)
+class VllmInstance:
+    """A started (``process``) or attached vLLM server at ``url``; ``on_death`` is called once."""
+
+    url: str
+    model: str
+    process: VllmProcess | None = None
+    alive: bool = True
+    on_death: Callable[[], None] | None = None
+    client: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=None))
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def node(self) -> str:
+        return self.url
+
+    def died(self) -> None:
+        """Mark the instance dead (once), tell the router, and end what is left of a started one
+        (its engine-core child may outlive its server) without blocking the event loop."""
+        if self.alive:
+            self.alive = False
+            if self.process is not None:
+                threading.Thread(target=self.process.stop, daemon=True).start()
+            if self.on_death is not None:
+                self.on_death()
+
+    async def probe(self) -> bool:
+        """False, and the instance marked dead, once its process has exited or nothing listens on
+        its port any more; a slow or failing /health (a busy machine) is not a death."""
+        if self.process is not None and not self.process.running:
+            self.died()
+            return False
+        try:
+            await self.client.get(f"{self.url}/health", timeout=PROBE_TIMEOUT_S)
+        except httpx.ConnectError:
+            self.died()
+            return False
+        except httpx.TransportError:
+            pass
+        return True
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A whole (non-streamed) completion's JSON."""
+        try:
+            response = await self.client.post(f"{self.url}/v1/completions", json=self._body(body, False))
+        except CONNECT_ERRORS as exc:
+            self.died()
+            raise InstanceDied(f"vLLM at {self.url} stopped answering: {exc!r}") from exc
+        _raise_for(response.status_code, response.text)
+        return response.json()
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[Chunk]:
+        """The streamed tokens; closing the iterator closes the connection, which aborts the
+        request inside vLLM and frees its KV there."""
+        try:
+            async with self.client.stream("POST", f"{self.url}/v1/completions",
+                                          json=self._body(body, True)) as response:
+                if response.status_code != 200:
+                    _raise_for(response.status_code, (await response.aread()).decode(errors="replace"))
+                async for line in _lines(response):
+                    chunk = _chunk(line)
+                    if chunk is not None:
+                        yield chunk
+        except CONNECT_ERRORS as exc:
+            self.died()
+            raise InstanceDied(f"vLLM at {self.url} stopped answering: {exc!r}") from exc
+
+    def _body(self, body: dict[str, Any], stream: bool) -> dict[str, Any]:
+        return {**body, "model": self.model, "stream": stream, "return_token_ids": True}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+async def _lines(response: httpx.Response) -> AsyncIterator[str]:
+    """SSE lines split only at CR/LF: token text may hold U+2028, where str.splitlines would break."""
+    pending = b""
+    async for data in response.aiter_bytes():
+        pending += data
+        *lines, pending = pending.replace(b"\r\n", b"\n").split(b"\n")
+        for line in lines:
+            yield line.decode(errors="replace")
+    if pending:
+        yield pending.decode(errors="replace")
+
+
+def _chunk(line: str) -> Chunk | None:
+    """The tokens of one ``data:`` line; None for blank lines, usage-only chunks and [DONE]."""
+    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+        return None
+    event = json.loads(line[5:])
+    if "error" in event:
+        raise InstanceError(500, str(event["error"].get("message", event["error"])))
+    choices = event.get("choices") or []
+    if not choices:
+        return None
+    choice = choices[0]
+    return Chunk(list(choice.get("token_ids") or []), choice.get("finish_reason"))
+
+
+def _raise_for(status: int, text: str) -> None:
+    if status == 200:
+        return
+    try:
+        message = json.loads(text).get("error", {}).get("message", text)
+    except (ValueError, AttributeError):
+        message = text
+    raise InstanceError(status, str(message)[:500])

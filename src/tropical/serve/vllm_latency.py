@@ -1,0 +1,63 @@
+"""A vLLM instance's latency model: its profile, corrected online from what its streams show.
+
+vLLM plans its own iterations, so the router never times one directly; but each token a stream
+delivers ends an iteration, and a prompt's first token ends its prefill. The router reports those
+observed times against the profile's prediction, and a moving average of the ratios scales the
+prefill and decode parts of every later prediction (the decode part stays a line in the context,
+as the simulator needs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tropical.core.latency.model import LatencyModel
+from tropical.core.latency.shape import BatchShape
+
+SMOOTHING = 0.2
+"""Weight of each new observation: about the last ten dominate, so one stall does not swing it."""
+BOUNDS = (0.2, 5.0)
+"""Ratios outside these are measurement accidents (a stall, a clock jump), not the instance."""
+
+
+@dataclass(slots=True)
+class OnlineLatency:
+    """``base`` with its prefill part scaled by ``prefill_scale`` and its decode part by
+    ``decode_scale``; ``observe_*`` move the scales toward observed/predicted."""
+
+    base: LatencyModel
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
+    observations: int = 0
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        decodes = BatchShape.decode(shape.decode_count, shape.decode_context)
+        decode = self.base.iteration_time(decodes) if shape.decode_count else 0.0
+        prefill = self.base.iteration_time(shape) - decode if shape.num_prefills else 0.0
+        return prefill * self.prefill_scale + decode * self.decode_scale
+
+    def decode_line(self, batch: int) -> tuple[float, float]:
+        intercept, slope = self.base.decode_line(batch)
+        return intercept * self.decode_scale, slope * self.decode_scale
+
+    def transfer_time(self, tokens: int) -> float:
+        return self.base.transfer_time(tokens)
+
+    def observe_prefill(self, shape: BatchShape, seconds: float) -> None:
+        """A prefill-only stretch of ``seconds`` over ``shape``."""
+        predicted = self.base.iteration_time(shape)
+        if predicted > 0:
+            self.prefill_scale = self._blend(self.prefill_scale, seconds / predicted)
+
+    def observe_decodes(self, batch: int, context: int, steps: int, seconds: float) -> None:
+        """``steps`` decode-only iterations of ``batch`` requests (``context`` tokens in all)."""
+        predicted = self.base.iteration_time(BatchShape.decode(batch, context)) * steps
+        if predicted > 0:
+            self.decode_scale = self._blend(self.decode_scale, seconds / predicted)
+
+    def _blend(self, scale: float, ratio: float) -> float:
+        low, high = BOUNDS
+        if not low <= ratio <= high:
+            return scale
+        self.observations += 1
+        return (1 - SMOOTHING) * scale + SMOOTHING * ratio

@@ -1,0 +1,104 @@
+"""How a vLLM instance is started: roles to connector roles, cores, ports, the opt-in CPU patch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tropical.sched.rules import Role
+from tropical.serve.options import ServeOptions
+from tropical.serve.vllm_launch import parse_worker_urls
+from tropical.serve.vllm_process import CPU_PATCH, VllmLaunch, VllmProcess, core_sets
+
+
+def launch(role: Role, delay: int = 0) -> VllmLaunch:
+    return VllmLaunch("py", "/m", "smollm2", role, 8001, 5601, "1", Path("/tmp/log"),
+                      nixl_poll_delay_us=delay)
+
+
+def connector(args: list[str]) -> dict | None:
+    flag = "--kv-transfer-config"
+    return json.loads(args[args.index(flag) + 1]) if flag in args else None
+
+
+@pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer"),
+                                               (Role.MULTIPLEX, "kv_both"), (Role.COLOCATED, None)])
+def test_each_role_gets_its_nixl_connector_role(role: Role, kv_role: str | None) -> None:
+    config = connector(launch(role).command())
+    assert (config or {}).get("kv_role") == kv_role
+    if config:
+        assert config["kv_connector"] == "NixlConnector" and config["kv_buffer_device"] == "cpu"
+
+
+def test_each_instance_is_bound_to_its_cores_with_its_own_side_channel() -> None:
+    env = launch(Role.PREFILL).environment({})
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+    assert "TROPICAL_NIXL_POLL_DELAY_US" not in env, "the CPU patch is opt-in"
+
+
+def test_cores_are_split_between_instances() -> None:
+    assert core_sets(2, [0, 1]) == ["0", "1"]
+    assert core_sets(2, [0, 1, 2, 3, 4]) == ["0,1", "2,3"]
+    assert core_sets(3, [0, 1]) == ["0", "1", "0"]
+
+
+def test_worker_urls_name_roles_and_bad_entries_are_refused() -> None:
+    assert parse_worker_urls("prefill=http://a:1,multiplex=http://b:2/") == [
+        (Role.PREFILL, "http://a:1"), (Role.MULTIPLEX, "http://b:2")]
+    with pytest.raises(ValueError, match="ROLE=http"):
+        parse_worker_urls("prefill:http://a:1")
+    with pytest.raises(ValueError, match="unknown role 'decoder'"):
+        parse_worker_urls("decoder=http://a:1")
+    with pytest.raises(ValueError, match="needs --engine vllm"):
+        ServeOptions(worker_urls="prefill=http://a:1")
+    with pytest.raises(ValueError, match="drop --workers"):
+        ServeOptions(engine="vllm", workers="2", worker_urls="prefill=http://a:1")
+    with pytest.raises(ValueError, match="CPU workaround"):
+        ServeOptions(engine="vllm", device="cuda", nixl_poll_delay_us=1000)
+
+
+FAKE_NIXL_API = """
+class _Binding:
+    class nixlAgentConfig:
+        pthrDelay = 0
+    @staticmethod
+    def nixlAgent(name, config):
+        return config.pthrDelay
+nixlBind = _Binding
+def make_agent():
+    return nixlBind.nixlAgent("a", nixlBind.nixlAgentConfig())
+"""
+
+
+@pytest.mark.parametrize("delay", [0, 1000])
+def test_the_cpu_patch_gives_nixl_agents_the_poll_delay_only_when_asked(tmp_path: Path, delay: int) -> None:
+    (tmp_path / "nixl_cu12").mkdir()
+    (tmp_path / "nixl_cu12" / "__init__.py").write_text("")
+    (tmp_path / "nixl_cu12" / "_api.py").write_text(FAKE_NIXL_API)
+    env = launch(Role.PREFILL, delay).environment({"PYTHONPATH": str(tmp_path)})
+    if not delay:
+        env["PYTHONPATH"] = f"{CPU_PATCH}:{tmp_path}"
+    out = subprocess.run([sys.executable, "-c", "import nixl_cu12._api as a; print(a.make_agent())"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(delay)
+
+
+CHILD_AND_SLEEP = ("import subprocess, sys, time; "
+                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+
+
+def test_stopping_an_instance_ends_its_whole_process_group_even_when_its_leader_is_gone() -> None:
+    leader = subprocess.Popen([sys.executable, "-c", CHILD_AND_SLEEP], start_new_session=True)
+    process = VllmProcess(launch(Role.PREFILL), leader)
+    time.sleep(0.5)
+    os.kill(process.pid, signal.SIGKILL)
+    process.stop(timeout=5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)

@@ -175,7 +175,8 @@ class Simulator:
             done = run.completed_by(self.now - flight.start)
             if done:
                 elapsed = run.elapsed(done)
-                self.workers[worker_id].advance_decodes(done, flight.start + elapsed)
+                self.workers[worker_id].advance_decodes(done, flight.start + elapsed,
+                                                        run.iteration(1), run.growth)
                 self.stats[worker_id].busy += elapsed
                 self.stats[worker_id].iterations += done
                 flight.start += elapsed
@@ -204,7 +205,8 @@ class Simulator:
         stats.busy += flight.end - flight.start
         if flight.run is not None:
             stats.iterations += flight.run.steps
-            freed = self._finished(worker.advance_decodes(flight.run.steps, self.now))
+            freed = self._finished(worker.advance_decodes(flight.run.steps, self.now,
+                                                              flight.run.iteration(1), flight.run.growth))
         else:
             stats.iterations += 1
             freed = self._finish_batch(worker, flight.batch)

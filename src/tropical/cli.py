@@ -30,7 +30,8 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
         helps = {"cluster": f"preset: {', '.join(PRESETS)}",
                  "profile": "fitted latency profile JSON (default: calibrated roofline)",
                  "rate_scale": "multiply the trace's request rate",
-                 "limit": "first N requests of the trace"}
+                 "limit": "first N requests of the trace",
+                 "tbt_scale": "TBT SLO (longest gap between two tokens) = this x the TPOT SLO"}
         parser.add_argument(flag, type=kind, default=None, help=helps.get(f.name))
     parser.add_argument("--config", help="TOML or JSON file of the settings above")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -67,6 +68,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   show_progress=not args.json)
     if args.json:
         print(json.dumps({"capacity_rps": {p: c.capacity_rps for p, c in found.items()},
+                          "stream_capacity_rps": {p: c.stream_capacity_rps for p, c in found.items()},
                           "rate_scale": {p: c.result.rate_scale for p, c in found.items()},
                           "target": args.target, "rel_tol": args.tol, "trace": exp.trace.name,
                           "requests": len(exp.trace)}))

@@ -43,6 +43,7 @@ class SimConfig:
     rate_scale: float = 1.0
     ttft_scale: float = 5.0
     tpot_scale: float = 5.0
+    tbt_scale: float = 5.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_classes: str | None = None

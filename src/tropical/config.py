@@ -54,6 +54,7 @@ class SimConfig:
     slack: str = "iteration"
     lookahead: int = 64
     demote_doomed: bool = False
+    chunked_multiplex: bool = False
     predictor_noise: float = 0.0
 
     def with_preset(self) -> SimConfig:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.factories import linear_model, make_request, make_worker, start_decoding
-from tropical.core.metrics import summarize
+from tropical.core.metrics import summarize, tpot
 from tropical.core.request import Path
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
@@ -150,3 +150,18 @@ def test_banked_rule_spends_time_saved_so_far():
     assert budget.fits(0.4, start=0.1, rule=SlackRule.BANKED)
     assert not budget.fits(0.41, start=0.1, rule=SlackRule.BANKED)
     assert not budget.fits(0.4, start=0.1, rule=SlackRule.ITERATION)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(500, 6000), st.integers(2, 80)), min_size=20, max_size=60))
+def test_chunked_multiplexing_keeps_tpot_of_every_request_it_touches_with_exact_predictor(lengths):
+    policy = make_policy("tropical", PolicyParams(toggle=ToggleParams(chunked=True)))
+    sim = Watched(CLUSTER.build(policy), policy, bursty(lengths, gap=0.005))
+    done = sim.run()
+    multiplexed = [r for r in done if r.path is Path.MULTIPLEX]
+    assert multiplexed and sim.mixed, "the workload must take Path 2"
+    for req in multiplexed:                        # prefilled in chunks, then decoded in place
+        assert tpot(req) <= req.slo.tpot * (1 + 1e-9)
+        assert req.max_gap <= req.slo.tpot * (1 + 1e-9)
+    for start, end, decoding in sim.mixed:         # and nobody decoding beside the chunks waits
+        assert all(end - start <= req.slo.tpot * (1 + 1e-9) for req, _ in decoding)

@@ -4,13 +4,16 @@
 request's TPOT SLO. ``banked``: a request may also spend the time it saved so far: after the
 iteration it must still have produced its tokens within tokens × TPOT SLO of its first token.
 Both guarantee that, with an exact predictor, a multiplexed prefill never makes a decoding
-request miss its TPOT SLO as long as plain decode iterations fit the SLO.
+request miss its TPOT SLO as long as plain decode iterations fit the SLO. Under ``iteration`` a
+long prompt need not wait for a whole iteration's worth of slack: chunked multiplexing feeds it
+in the largest chunk that fits each iteration (``largest_chunk``), so no gap between two tokens
+grows past the TPOT SLO either.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -54,3 +57,17 @@ class TpotBudget:
         if rule is SlackRule.ITERATION:
             return iteration <= self.min_tpot
         return start + iteration <= self.deadline
+
+
+def largest_chunk(most: int, fits: Callable[[int], bool]) -> int:
+    """The most prompt tokens, up to ``most``, whose iteration still ``fits`` (0 if none):
+    iteration time grows with the chunk, so a bisection finds it in O(log most) predictions."""
+    if most < 1 or not fits(1):
+        return 0
+    if fits(most):
+        return most
+    lo, hi = 1, most
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

@@ -23,20 +23,22 @@ from tropical.sched.next_iteration import NextIteration
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import Decoding, SlackRule, TpotBudget
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget, largest_chunk
 from tropical.sched.worker import WorkerState
 
 
 @dataclass(frozen=True, slots=True)
 class ToggleParams:
-    """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk, and
-    whether requests that will miss their TTFT even if started now yield their place."""
+    """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk,
+    whether requests that will miss their TTFT even if started now yield their place, and
+    whether multiplexing workers take prompts in slack-sized chunks over several iterations."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
     slack: SlackRule = SlackRule.ITERATION
     lookahead: int = 64
     demote_doomed: bool = False
+    chunked: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -59,10 +61,12 @@ class TropicalPolicy(Policy):
         self.toggle = toggle or ToggleParams()
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
                                    max_seqs=max_seqs)
-        self._multiplex = BatchRules(prefill_first=False, token_budget=max_batched_tokens,
-                                     max_seqs=max_seqs, tpot_guard=self.toggle.slack)
+        self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
+                                     token_budget=max_batched_tokens, max_seqs=max_seqs,
+                                     tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
+        self._chunks: dict[tuple[int, float], tuple[int, float]] = {}
         self._demoted_ids: set[int] = set()
 
     def roles(self, num_workers: int) -> list[Role]:
@@ -80,7 +84,7 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round = {}
+        self._round, self._chunks = {}, {}
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, Path.PREFILL_WORKER,
@@ -108,7 +112,7 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round = {}, {}
+        self._checks, self._round, self._chunks = {}, {}, {}
         hopeless, hopeful = [], []
         for item in at_risk:
             (hopeless if self._hopeless(item[0], item[1], now) else hopeful).append(item)
@@ -212,18 +216,46 @@ class TropicalPolicy(Policy):
 
     def _multiplex_finish(self, req: Request, worker: WorkerState, plan: list[Request],
                           now: float) -> float | None:
-        """When ``worker``'s next iteration would end with ``req`` in it, or None if it may not.
+        """When ``worker`` would finish ``req``'s prompt, or None if it may not take it.
 
-        ``plan`` holds prefills already promised to that iteration in this scheduling round.
+        ``plan`` holds prefills already promised to that worker in this scheduling round. The
+        paper's toggle runs the whole prompt in the next iteration; chunked multiplexing runs
+        it, after the prompts queued there, in the largest chunk each iteration's slack admits.
         """
         nxt = self._next_of(worker, now)
         prefills = [*nxt.queued, *plan, req]
         if not self._room_for(worker, prefills):
             return None
+        if self.toggle.chunked:
+            tokens = sum(r.remaining_prompt for r in prefills)
+            return self._chunked_finish(worker, nxt, tokens, min(nxt.budget.min_tpot, req.slo.tpot))
         iteration = worker.latency.iteration_time(nxt.shape(prefills))
         if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
             return None
         return nxt.start + iteration
+
+    def _chunked_finish(self, worker: WorkerState, nxt: NextIteration, tokens: int,
+                        limit: float) -> float | None:
+        """End of the iteration that completes ``tokens`` prompt tokens fed in chunks, each
+        iteration at most ``limit`` long (the tightest TPOT SLO among its decodes as they stand
+        now and the request's own, which decodes there next)."""
+        chunk, iteration = self._chunk_of(worker, nxt, limit)
+        if chunk == 0:
+            return None
+        return nxt.start + math.ceil(tokens / chunk) * iteration
+
+    def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> tuple[int, float]:
+        """The largest prompt chunk an iteration of ``worker`` of at most ``limit`` admits, and
+        that iteration's time; once per scheduling round and limit."""
+        key = (worker.id, limit)
+        if key not in self._chunks:
+            decode = nxt.shape([])
+            room = worker.rules.token_budget - decode.decode_count
+            chunk = largest_chunk(
+                room, lambda n: worker.latency.iteration_time(decode.plus_prefill(n, 0)) <= limit)
+            time = worker.latency.iteration_time(decode.plus_prefill(chunk, 0)) if chunk else 0.0
+            self._chunks[key] = (chunk, time)
+        return self._chunks[key]
 
     def _next_of(self, worker: WorkerState, now: float) -> NextIteration:
         """The worker's next iteration as it stands, computed once per scheduling round."""
@@ -238,7 +270,7 @@ class TropicalPolicy(Policy):
         if decodes + len(prefills) > worker.rules.max_seqs:
             return False
         tokens = sum(r.remaining_prompt for r in prefills)
-        if len(prefills) > 1 and decodes + tokens > worker.rules.token_budget:
+        if not self.toggle.chunked and len(prefills) > 1 and decodes + tokens > worker.rules.token_budget:
             return False
         kv_tokens = sum(worker.kv_tokens_needed(r) for r in prefills if r.id not in worker.holds)
         return worker.kv.fits(kv_tokens, self.toggle.watermark)

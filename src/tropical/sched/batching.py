@@ -2,12 +2,14 @@
 
 A batch is the worker's whole decoding set plus prefill spans (request, new tokens, cached
 tokens) taken first-come first-served under the rules' token budget and sequence cap. A prompt
-whose KV does not fit blocks the queue behind it (FCFS), so memory never over-commits. A multiplexing worker's TPOT guard checks
-the planned prefills against its decodes' slack as the batch forms.
+whose KV does not fit blocks the queue behind it (FCFS), so memory never over-commits. A
+multiplexing worker's TPOT guard checks the planned prefills against its decodes' slack as the
+batch forms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.shape import BatchShape
@@ -81,11 +83,14 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
         if req.path is not Path.MULTIPLEX or fits(shape.plus_prefill(new, cached)):
             shape = shape.plus_prefill(new, cached)
             continue
-        base = shape
-        chunk = largest_chunk(new - 1, lambda n: fits(base.plus_prefill(n, cached))) if worker.rules.chunked else 0
-        spans = batch.prefills[:i] + ([(req, chunk, cached)] if chunk else [])
-        return replace(batch, prefills=spans)
+        chunk = _chunk(shape, new, cached, fits) if worker.rules.chunked else 0
+        return replace(batch, prefills=batch.prefills[:i] + ([(req, chunk, cached)] if chunk else []))
     return batch
+
+
+def _chunk(shape: BatchShape, new: int, cached: int, fits: Callable[[BatchShape], bool]) -> int:
+    """The most of ``new`` prompt tokens that ``shape`` can take while it still ``fits``."""
+    return largest_chunk(new - 1, lambda n: fits(shape.plus_prefill(n, cached)))
 
 
 def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding]:

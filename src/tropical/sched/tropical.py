@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tropical.core.latency.model import prefill_time
+from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Path, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.dispatch import decode_destination
@@ -227,12 +228,24 @@ class TropicalPolicy(Policy):
         if not self._room_for(worker, prefills):
             return None
         if self.toggle.chunked:
+            limit = min(nxt.budget.min_tpot, req.slo.tpot)
+            if not self._decodes_fit(worker, nxt, prefills, limit):
+                return None
             tokens = sum(r.remaining_prompt for r in prefills)
-            return self._chunked_finish(worker, nxt, tokens, min(nxt.budget.min_tpot, req.slo.tpot))
+            return self._chunked_finish(worker, nxt, tokens, limit)
         iteration = worker.latency.iteration_time(nxt.shape(prefills))
         if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
             return None
         return nxt.start + iteration
+
+    @staticmethod
+    def _decodes_fit(worker: WorkerState, nxt: NextIteration, prefills: list[Request],
+                     limit: float) -> bool:
+        """Would plain decode iterations, with these prompts decoding there too and every
+        request at its longest context, stay within ``limit``? (The TPOT promise covers them.)"""
+        peak = nxt.peak_context + sum(r.kv_tokens for r in prefills)
+        shape = BatchShape.decode(len(nxt.decodes) + len(prefills), peak)
+        return worker.latency.iteration_time(shape) <= limit
 
     def _chunked_finish(self, worker: WorkerState, nxt: NextIteration, tokens: int,
                         limit: float) -> float | None:
@@ -278,12 +291,21 @@ class TropicalPolicy(Policy):
     def decode_worker(self, req: Request, workers: Sequence[WorkerState],
                       now: float) -> WorkerState | None:
         """Fewest unfinished tokens among the workers whose planned next iteration also keeps the
-        arriving request's own TPOT budget; any worker with room when none does."""
+        arriving request's own TPOT budget; any worker with room when none does. Under chunked
+        multiplexing the request rather waits (None) while some worker decodes, so that no
+        decode iteration outgrows a TPOT SLO it promised."""
         fitting = [w for w in workers if w.role.decodes and self._joins_in_time(req, w, now)]
-        return decode_destination(req, fitting) or decode_destination(req, workers)
+        chosen = decode_destination(req, fitting)
+        decoding = any(w.batch_size for w in workers if w.alive and w.role.decodes)
+        if chosen is not None or (self.toggle.chunked and decoding):
+            return chosen
+        return decode_destination(req, workers)
 
     def _joins_in_time(self, req: Request, worker: WorkerState, now: float) -> bool:
         nxt = NextIteration.of(worker, now)
+        if self.toggle.chunked:
+            limit = min(nxt.budget.min_tpot, req.slo.tpot)
+            return self._decodes_fit(worker, nxt, [*nxt.queued, req], limit)
         joined = replace(nxt, decodes=(*nxt.decodes, Decoding(req, req.generated, req.first_token)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)
         iteration = worker.latency.iteration_time(joined.shape(list(nxt.queued)))

@@ -9,7 +9,6 @@ batch forms.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.shape import BatchShape
@@ -74,23 +73,24 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
     if rule is None or not decoding:
         return batch
     budget = TpotBudget.of(decoding)
+    limit = budget.limit(now, rule)
     shape = BatchShape.decode(batch.decode_count, batch.decode_context)
-
-    def fits(candidate: BatchShape) -> bool:
-        return budget.fits(worker.latency.iteration_time(candidate), now, rule)
-
     for i, (req, new, cached) in enumerate(batch.prefills):
-        if req.path is not Path.MULTIPLEX or fits(shape.plus_prefill(new, cached)):
-            shape = shape.plus_prefill(new, cached)
+        stretched = shape.plus_prefill(new, cached)
+        if req.path is not Path.MULTIPLEX or worker.latency.iteration_time(stretched) <= limit:
+            shape = stretched
             continue
-        chunk = _chunk(shape, new, cached, fits) if worker.rules.chunked else 0
+        chunk = _chunk(worker, shape, new, cached, limit) if worker.rules.chunked else 0
         return replace(batch, prefills=batch.prefills[:i] + ([(req, chunk, cached)] if chunk else []))
     return batch
 
 
-def _chunk(shape: BatchShape, new: int, cached: int, fits: Callable[[BatchShape], bool]) -> int:
-    """The most of ``new`` prompt tokens that ``shape`` can take while it still ``fits``."""
-    return largest_chunk(new - 1, lambda n: fits(shape.plus_prefill(n, cached)))
+def _chunk(worker: WorkerState, shape: BatchShape, new: int, cached: int, limit: float) -> int:
+    """The most of ``new`` prompt tokens that ``shape`` can take within ``limit`` seconds."""
+    def time_of(n: int) -> float:
+        return worker.latency.iteration_time(shape.plus_prefill(n, cached))
+
+    return largest_chunk(new - 1, time_of, limit)
 
 
 def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding]:

@@ -54,20 +54,38 @@ class TpotBudget:
 
     def fits(self, iteration: float, start: float, rule: SlackRule) -> bool:
         """Would an iteration of ``iteration`` seconds starting at ``start`` keep every TPOT SLO?"""
-        if rule is SlackRule.ITERATION:
-            return iteration <= self.min_tpot
-        return start + iteration <= self.deadline
+        return iteration <= self.limit(start, rule)
+
+    def limit(self, start: float, rule: SlackRule) -> float:
+        """The longest iteration starting at ``start`` that keeps every TPOT SLO."""
+        return self.min_tpot if rule is SlackRule.ITERATION else self.deadline - start
 
 
-def largest_chunk(most: int, fits: Callable[[int], bool]) -> int:
-    """The most prompt tokens, up to ``most``, whose iteration still ``fits`` (0 if none):
-    iteration time grows with the chunk, so a bisection finds it in O(log most) predictions."""
-    if most < 1 or not fits(1):
+def largest_chunk(most: int, time_of: Callable[[int], float], limit: float) -> int:
+    """The most prompt tokens, up to ``most``, whose iteration takes at most ``limit`` (0 if
+    none). Iteration time grows with the chunk, nearly linearly, so each round guesses by
+    interpolation and checks the neighbour across the line: a few predictions, not log(most)."""
+    if most < 1 or time_of(1) > limit:
         return 0
-    if fits(most):
+    t_hi = time_of(most)
+    if t_hi <= limit:
         return most
-    lo, hi = 1, most
+    lo, hi, t_lo = 1, most, time_of(1)
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        guess = lo + int((limit - t_lo) / (t_hi - t_lo) * (hi - lo)) if t_hi > t_lo else lo + 1
+        mid = min(hi - 1, max(lo + 1, guess))
+        t_mid = time_of(mid)
+        if t_mid <= limit:
+            lo, t_lo = mid, t_mid
+            if mid + 1 < hi and (t_next := time_of(mid + 1)) > limit:
+                hi = mid + 1
+            elif mid + 1 < hi:
+                lo, t_lo = mid + 1, t_next
+        else:
+            hi, t_hi = mid, t_mid
+            if mid - 1 > lo and (t_prev := time_of(mid - 1)) <= limit:
+                lo = mid - 1
+                break
+            if mid - 1 > lo:
+                hi, t_hi = mid - 1, t_prev
     return lo

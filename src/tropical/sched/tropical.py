@@ -264,8 +264,8 @@ class TropicalPolicy(Policy):
         if key not in self._chunks:
             decode = nxt.shape([])
             room = worker.rules.token_budget - decode.decode_count
-            chunk = largest_chunk(
-                room, lambda n: worker.latency.iteration_time(decode.plus_prefill(n, 0)) <= limit)
+            chunk = largest_chunk(room, lambda n: worker.latency.iteration_time(decode.plus_prefill(n, 0)),
+                                  limit)
             time = worker.latency.iteration_time(decode.plus_prefill(chunk, 0)) if chunk else 0.0
             self._chunks[key] = (chunk, time)
         return self._chunks[key]

@@ -91,9 +91,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     report = write_report(rep, out)
     (out / "reproduction.json").write_text(json.dumps(rep.as_dict(), indent=2))
     if args.json:
-        print(json.dumps({"capacity_rps": rep.as_dict()["capacity_rps"],
-                          "ratio_vs_best_baseline": rep.ratio_vs_best_baseline(),
-                          "report": str(report)}))
+        print(json.dumps({**rep.headline(), "report": str(report)}))
     else:
         print(capacity_table(rep.capacity, 0.9))
         print(f"report: {report}")

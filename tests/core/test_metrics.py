@@ -5,7 +5,7 @@ import pytest
 
 from tests.factories import make_request
 from tropical.core.gaps import GapHistogram
-from tropical.core.metrics import Distribution, attains, stream_attains, summarize, tpot, ttft
+from tropical.core.metrics import Distribution, attains, miss_cause, stream_attains, summarize, tpot, ttft
 from tropical.core.request import Path
 
 
@@ -77,3 +77,16 @@ def test_itl_percentiles_come_from_the_gap_histogram():
     summary = summarize([finished(0, 0.0, 0.0, 0.5, 1.4, output=10)], gaps)
     assert summary.itl.p50 == pytest.approx(0.03, rel=0.07)
     assert math.isnan(summarize([]).itl.p99)
+
+
+def test_each_miss_has_one_cause():
+    queued = finished(0, 0.0, 0.9, 1.5, 2.4, output=10)          # waited 0.9 s, ran 0.6 s
+    slow_prefill = finished(1, 0.0, 0.1, 1.5, 2.4, output=10)    # waited 0.1 s, ran 1.4 s
+    slow_decode = finished(2, 0.0, 0.0, 0.5, 2.0, output=10)
+    paused = finished(3, 0.0, 0.0, 0.5, 1.4, output=10)
+    paused.slo, paused.max_gap = replace(paused.slo, tbt=0.5), 0.8
+    failed = make_request(4)
+    failed.fail(1.0, "x")
+    fine = finished(5, 0.0, 0.0, 0.5, 1.4, output=10)
+    causes = [miss_cause(r) for r in (queued, slow_prefill, slow_decode, paused, failed, fine)]
+    assert causes == ["TTFT queueing", "TTFT execution", "TPOT", "stall", "failed", None]

@@ -56,6 +56,20 @@ def stream_attains(req: Request) -> bool:
     return attains(req) and req.max_gap <= req.slo.tbt
 
 
+def miss_cause(req: Request) -> str | None:
+    """Why ``req`` misses stream attainment (None if it does not): ``failed``; ``TTFT queueing``
+    when it waited longer for its prefill to start than the prefill took (migration aside),
+    else ``TTFT execution``; ``TPOT`` (mean); ``stall`` (a gap over the TBT SLO, mean TPOT met)."""
+    if req.error is not None or req.finish is None:
+        return "failed"
+    if ttft(req) > req.slo.ttft:
+        waited = queueing(req)
+        return "TTFT queueing" if waited > ttft(req) - waited else "TTFT execution"
+    if tpot(req) > req.slo.tpot:
+        return "TPOT"
+    return "stall" if req.max_gap > req.slo.tbt else None
+
+
 def stalled(req: Request) -> bool:
     """Did the stream pause for more than ``STALL_S`` between two tokens?"""
     return req.max_gap > STALL_S

@@ -51,8 +51,9 @@ def _tick(label: str) -> None:
 
 def capacity(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> PolicyCapacity:
     """Highest rate scales of ``exp`` at which at least ``target`` of requests attain, and
-    stream-attain. Stream attainment never exceeds attainment, so its search starts from the
-    first capacity and reuses every run already simulated."""
+    stream-attain. Stream attainment never exceeds attainment, so its search runs down from the
+    first capacity (never above it: attainment need not fall monotonically with rate) and
+    reuses every run already simulated."""
     runs: dict[float, Summary] = {}
 
     def summary(scale: float) -> Summary:
@@ -64,8 +65,9 @@ def capacity(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> Pol
     started = time.perf_counter()
     result = find_capacity(lambda s: summary(s).attainment, target=target, rel_tol=rel_tol,
                            start=exp.rate_scale)
+    top = result.rate_scale or exp.rate_scale
     stream = find_capacity(lambda s: summary(s).stream_attainment, target=target, rel_tol=rel_tol,
-                           start=result.rate_scale or exp.rate_scale)
+                           start=top, max_scale=top)
     return PolicyCapacity(exp.policy, result, exp.trace.mean_rate, time.perf_counter() - started,
                           stream)
 

@@ -55,6 +55,7 @@ class SimConfig:
     lookahead: int = 64
     demote_doomed: bool = False
     chunked_multiplex: bool = False
+    laxity: bool = False
     predictor_noise: float = 0.0
 
     def with_preset(self) -> SimConfig:

@@ -128,3 +128,18 @@ def test_a_migrated_request_first_gap_counts_from_its_first_token():
     worker.admit_inbox()
     worker.advance_decodes(1, now=1.3)
     assert req.max_gap == pytest.approx(0.3)
+
+
+def test_laxity_queues_least_ttft_slack_first_but_never_ahead_of_the_running_batch():
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True))
+    relaxed = make_request(0, arrival=0.0, ttft=5.0)
+    urgent = make_request(1, arrival=0.1, ttft=0.5)
+    middle = make_request(2, arrival=0.2, ttft=2.0)
+    worker.enqueue(relaxed)
+    worker.start_prefills([relaxed])                    # already running: stays first
+    for req in (urgent, middle):
+        worker.enqueue(req)
+    worker.enqueue(make_request(3, arrival=0.3, ttft=1.0))
+    assert [r.id for r in worker.waiting] == [0, 1, 3, 2]

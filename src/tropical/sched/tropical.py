@@ -32,7 +32,8 @@ from tropical.sched.worker import WorkerState
 class ToggleParams:
     """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk,
     whether requests that will miss their TTFT even if started now yield their place, and
-    whether multiplexing workers take prompts in slack-sized chunks over several iterations."""
+    whether multiplexing workers take prompts in slack-sized chunks over several iterations,
+    and whether prefill queues are ordered by laxity (least TTFT slack first)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -40,6 +41,7 @@ class ToggleParams:
     lookahead: int = 64
     demote_doomed: bool = False
     chunked: bool = False
+    laxity: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -61,7 +63,7 @@ class TropicalPolicy(Policy):
         self.name = name
         self.toggle = toggle or ToggleParams()
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
-                                   max_seqs=max_seqs)
+                                   max_seqs=max_seqs, laxity=self.toggle.laxity)
         self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
                                      token_budget=max_batched_tokens, max_seqs=max_seqs,
                                      tpot_guard=self.toggle.slack)

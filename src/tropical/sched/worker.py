@@ -111,10 +111,27 @@ class WorkerState:
         self.kv.release(self.holds.pop(req.id, 0))
 
     def enqueue(self, req: Request) -> None:
-        """Accept a request whose prompt this worker will prefill."""
-        self.waiting.append(req)
+        """Accept a request whose prompt this worker will prefill (at the back, or by laxity)."""
+        if self.rules.laxity:
+            self.waiting.insert(self._laxity_slot(req), req)
+        else:
+            self.waiting.append(req)
         self._add_queued_work(req, 1)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+
+    def latest_start(self, req: Request) -> float:
+        """When ``req``'s prefill must start here to meet its TTFT SLO."""
+        return req.arrival + req.slo.ttft - self.prefill_cost(req)
+
+    def _laxity_slot(self, req: Request) -> int:
+        """Where ``req`` goes among the queued prompts (never ahead of the batch in flight):
+        after every prompt with less or equal slack. New prompts mostly have the most slack, so
+        the scan from the back is short."""
+        key = self.latest_start(req)
+        slot = len(self.waiting)
+        while slot > self.batch_prefills and self.latest_start(self.waiting[slot - 1]) > key:
+            slot -= 1
+        return slot
 
     def expect_migration(self, req: Request) -> None:
         """Reserve room for a request whose KV is on its way here."""

@@ -67,7 +67,7 @@ def experiment(cfg: SimConfig) -> Experiment:
     cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
                        cfg.memory_utilization)
     toggle = ToggleParams(cfg.prefill_workers, cfg.watermark, slack_rule(cfg.slack), cfg.lookahead,
-                          cfg.demote_doomed, cfg.chunked_multiplex)
+                          cfg.demote_doomed, cfg.chunked_multiplex, cfg.laxity)
     params = PolicyParams(cfg.max_batched_tokens, cfg.chunk_budget, cfg.max_seqs, toggle)
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.tbt_scale)
     mix = parse_slo_classes(cfg.slo_classes, cfg.seed, cfg.tbt_scale) if cfg.slo_classes else None

@@ -36,6 +36,7 @@ ABLATION: dict[str, dict[str, object]] = {
     "banked slack": {"slack": SlackRule.BANKED},
     "banked slack + demotion": {"slack": SlackRule.BANKED, "demote_doomed": True},
     "chunked multiplexing": {"chunked": True},
+    "chunked multiplexing + laxity order": {"chunked": True, "laxity": True},
     "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
 }
 """Toggle variants, each one mechanism more than the paper's (demotion disclosed separately)."""

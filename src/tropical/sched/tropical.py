@@ -21,6 +21,7 @@ from tropical.core.request import Path, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.dispatch import decode_destination
 from tropical.sched.next_iteration import NextIteration
+from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
@@ -50,6 +51,9 @@ class ToggleParams:
             raise ValueError(f"lookahead must be at least 1, got {self.lookahead}")
 
 
+_BAND = math.log(1.01)
+
+
 class TropicalPolicy(Policy):
     """Dedicated prefill workers plus multiplexing workers, switched per request by the toggle."""
 
@@ -69,7 +73,8 @@ class TropicalPolicy(Policy):
                                      tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
-        self._chunks: dict[tuple[int, float], tuple[int, float]] = {}
+        self._chunks: dict[tuple[int, int | None], tuple[int, float]] = {}
+        self._queued: dict[int, Pending] = {}
         self._demoted_ids: set[int] = set()
 
     def roles(self, num_workers: int) -> list[Role]:
@@ -87,13 +92,13 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round, self._chunks = {}, {}
+        self._round, self._chunks, self._queued = {}, {}, {}
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, Path.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)")]
         options = [(done, w.id, w) for w in multiplex
-                   if (done := self._multiplex_finish(req, w, [], now)) is not None and done < finish]
+                   if (done := self._multiplex_finish(req, w, None, now)) is not None and done < finish]
         if options:
             done, _, target = min(options)
             return [self._multiplexed(req, target, finish, done)]
@@ -115,7 +120,7 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round, self._chunks = {}, {}, {}
+        self._checks, self._round, self._chunks, self._queued = {}, {}, {}, {}
         hopeless, hopeful = [], []
         for item in at_risk:
             (hopeless if self._hopeless(item[0], item[1], now) else hopeful).append(item)
@@ -125,7 +130,7 @@ class TropicalPolicy(Policy):
 
     def _multiplex_at_risk(self, at_risk: list[tuple[Request, WorkerState, float]],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
-        plans: dict[int, list[Request]] = {w.id: [] for w in multiplex}
+        plans = {w.id: self._queued_of(w, now) for w in multiplex}
         moves = []
         for req, source, finish in sorted(at_risk, key=lambda x: x[0].prompt_len):
             options = [(done, w.id, w) for w in multiplex
@@ -135,7 +140,7 @@ class TropicalPolicy(Policy):
                 break
             done, _, target = min(options)
             if done < finish:
-                plans[target.id].append(req)
+                plans[target.id] = plans[target.id].plus(req, target)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
         return moves
 
@@ -152,24 +157,25 @@ class TropicalPolicy(Policy):
                           source.id)
 
     def _plan_checks(self, req: Request, multiplex: list[WorkerState],
-                     plans: dict[int, list[Request]], now: float, path1_finish: float) -> None:
+                     plans: dict[int, Pending], now: float, path1_finish: float) -> None:
         """Under banked slack, note the decode step at which ``req`` should fit each worker."""
         if self.toggle.slack is not SlackRule.BANKED:
             return
         for worker in multiplex:
-            step = self._fitting_step(req, worker, plans.get(worker.id, []), now, path1_finish)
+            plan = plans.get(worker.id) or self._queued_of(worker, now)
+            step = self._fitting_step(req, worker, plan, now, path1_finish)
             if step is not None:
                 self._checks[worker.id] = min(step, self._checks.get(worker.id, step))
 
-    def _fitting_step(self, req: Request, worker: WorkerState, plan: list[Request], now: float,
+    def _fitting_step(self, req: Request, worker: WorkerState, plan: Pending, now: float,
                       path1_finish: float) -> int | None:
         """The worker's decode step after which its banked slack should admit ``req``, or None
         if it never will before Path 1 would finish it (or for want of KV or seats)."""
         nxt = self._next_of(worker, now)
-        prefills = [*nxt.queued, *plan, req]
+        prefills = plan.plus(req, worker)
         if not self._room_for(worker, prefills):
             return None
-        iteration = worker.latency.iteration_time(nxt.shape(prefills))
+        iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
         step = worker.latency.iteration_time(nxt.shape([]))
         wait = 0
         for d in nxt.decodes:
@@ -217,36 +223,34 @@ class TropicalPolicy(Policy):
                           f"> SLO {req.slo.ttft:.3f}s); multiplexed, predicted {finish - req.arrival:.3f}s",
                           source)
 
-    def _multiplex_finish(self, req: Request, worker: WorkerState, plan: list[Request],
+    def _multiplex_finish(self, req: Request, worker: WorkerState, plan: Pending | None,
                           now: float) -> float | None:
         """When ``worker`` would finish ``req``'s prompt, or None if it may not take it.
 
-        ``plan`` holds prefills already promised to that worker in this scheduling round. The
-        paper's toggle runs the whole prompt in the next iteration; chunked multiplexing runs
-        it, after the prompts queued there, in the largest chunk each iteration's slack admits.
+        ``plan`` sums the prompts queued there and those promised in this scheduling round
+        (None: just the queue). The paper's toggle runs the whole prompt in the next
+        iteration; chunked multiplexing runs it, after the prompts ahead of it, in the largest
+        chunk each iteration's slack admits.
         """
         nxt = self._next_of(worker, now)
-        prefills = [*nxt.queued, *plan, req]
+        prefills = (plan or self._queued_of(worker, now)).plus(req, worker)
         if not self._room_for(worker, prefills):
             return None
         if self.toggle.chunked:
             limit = min(nxt.budget.min_tpot, req.slo.tpot)
             if not self._decodes_fit(worker, nxt, prefills, limit):
                 return None
-            tokens = sum(r.remaining_prompt for r in prefills)
-            return self._chunked_finish(worker, nxt, tokens, limit)
-        iteration = worker.latency.iteration_time(nxt.shape(prefills))
+            return self._chunked_finish(worker, nxt, prefills.tokens, limit)
+        iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
         if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
             return None
         return nxt.start + iteration
 
     @staticmethod
-    def _decodes_fit(worker: WorkerState, nxt: NextIteration, prefills: list[Request],
-                     limit: float) -> bool:
+    def _decodes_fit(worker: WorkerState, nxt: NextIteration, prefills: Pending, limit: float) -> bool:
         """Would plain decode iterations, with these prompts decoding there too and every
         request at its longest context, stay within ``limit``? (The TPOT promise covers them.)"""
-        peak = nxt.peak_context + sum(r.kv_tokens for r in prefills)
-        shape = BatchShape.decode(len(nxt.decodes) + len(prefills), peak)
+        shape = BatchShape.decode(len(nxt.decodes) + prefills.count, nxt.peak_context + prefills.peak)
         return worker.latency.iteration_time(shape) <= limit
 
     def _chunked_finish(self, worker: WorkerState, nxt: NextIteration, tokens: int,
@@ -261,8 +265,12 @@ class TropicalPolicy(Policy):
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> tuple[int, float]:
         """The largest prompt chunk an iteration of ``worker`` of at most ``limit`` admits, and
-        that iteration's time; once per scheduling round and limit."""
-        key = (worker.id, limit)
+        that iteration's time; once per scheduling round and 1% band of limits (priced at the
+        band's floor, the safe side), so candidates with slightly different SLOs share it."""
+        band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
+        key = (worker.id, band)
+        if band is not None:
+            limit = math.exp(band * _BAND)
         if key not in self._chunks:
             decode = nxt.shape([])
             room = worker.rules.token_budget - decode.decode_count
@@ -278,17 +286,22 @@ class TropicalPolicy(Policy):
             self._round[worker.id] = NextIteration.of(worker, now)
         return self._round[worker.id]
 
-    def _room_for(self, worker: WorkerState, prefills: list[Request]) -> bool:
+    def _queued_of(self, worker: WorkerState, now: float) -> Pending:
+        """The prompts queued on ``worker`` (not yet running), once per scheduling round."""
+        if worker.id not in self._queued:
+            self._queued[worker.id] = Pending.of(worker, self._next_of(worker, now).queued)
+        return self._queued[worker.id]
+
+    def _room_for(self, worker: WorkerState, prefills: Pending) -> bool:
         """Seats in the batch, the token budget (a lone prefill may exceed it, as batch formation
-        allows), and KV under the watermark for these prefills."""
+        allows; chunks never do), and KV under the watermark for these prefills."""
         decodes = worker.batch_size + len(worker.incoming)
-        if decodes + len(prefills) > worker.rules.max_seqs:
+        if decodes + prefills.count > worker.rules.max_seqs:
             return False
-        tokens = sum(r.remaining_prompt for r in prefills)
-        if not self.toggle.chunked and len(prefills) > 1 and decodes + tokens > worker.rules.token_budget:
+        if (not self.toggle.chunked and prefills.count > 1
+                and decodes + prefills.tokens > worker.rules.token_budget):
             return False
-        kv_tokens = sum(worker.kv_tokens_needed(r) for r in prefills if r.id not in worker.holds)
-        return worker.kv.fits(kv_tokens, self.toggle.watermark)
+        return worker.kv.fits(prefills.kv_new, self.toggle.watermark)
 
     def decode_worker(self, req: Request, workers: Sequence[WorkerState],
                       now: float) -> WorkerState | None:
@@ -307,7 +320,7 @@ class TropicalPolicy(Policy):
         nxt = NextIteration.of(worker, now)
         if self.toggle.chunked:
             limit = min(nxt.budget.min_tpot, req.slo.tpot)
-            return self._decodes_fit(worker, nxt, [*nxt.queued, req], limit)
+            return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req)), limit)
         joined = replace(nxt, decodes=(*nxt.decodes, Decoding(req, req.generated, req.first_token)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)
         iteration = worker.latency.iteration_time(joined.shape(list(nxt.queued)))

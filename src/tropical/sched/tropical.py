@@ -98,7 +98,8 @@ class TropicalPolicy(Policy):
             return [Assignment(req, best.id, Path.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)")]
         options = [(done, w.id, w) for w in multiplex
-                   if (done := self._multiplex_finish(req, w, None, now)) is not None and done < finish]
+                   if (done := self._multiplex_finish(req, w, None, now)) is not None
+                   and self._worth(req, done, finish)]
         if options:
             done, _, target = min(options)
             return [self._multiplexed(req, target, finish, done)]
@@ -123,31 +124,40 @@ class TropicalPolicy(Policy):
         self._checks, self._round, self._chunks, self._queued = {}, {}, {}, {}
         hopeless, hopeful = [], []
         for item in at_risk:
-            (hopeless if self._hopeless(item[0], item[1], now) else hopeful).append(item)
+            (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
+        if not self.toggle.chunked:
+            hopeful += [item for item in hopeless if not self.toggle.demote_doomed]
         return self._multiplex_at_risk(hopeful, multiplex, now) + [
             self._demoted(req, source) for req, source, _ in hopeless
-            if req.id not in self._demoted_ids]
+            if self.toggle.demote_doomed and req.id not in self._demoted_ids]
 
     def _multiplex_at_risk(self, at_risk: list[tuple[Request, WorkerState, float]],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
-        plans = {w.id: self._queued_of(w, now) for w in multiplex}
+        plans: dict[int, Pending] = {}
         moves = []
         for req, source, finish in sorted(at_risk, key=lambda x: x[0].prompt_len):
             options = [(done, w.id, w) for w in multiplex
-                       if (done := self._multiplex_finish(req, w, plans[w.id], now)) is not None]
+                       if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
                 self._plan_checks(req, multiplex, plans, now, finish)
                 break
             done, _, target = min(options)
-            if done < finish:
-                plans[target.id] = plans[target.id].plus(req, target)
+            if self._worth(req, done, finish):
+                plans[target.id] = (plans.get(target.id) or self._queued_of(target, now)).plus(req, target)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
         return moves
 
-    def _hopeless(self, req: Request, source: WorkerState, now: float) -> bool:
-        """Would ``req`` miss its TTFT even if its prefill started right now (tropical+ only)?"""
-        return (self.toggle.demote_doomed
-                and now + source.prefill_cost(req) - req.arrival > req.slo.ttft)
+    def _worth(self, req: Request, done: float, path1_finish: float) -> bool:
+        """Is Path 2's predicted finish worth taking? The paper's toggle: sooner than Path 1.
+        Chunked multiplexing also asks that it meet the TTFT SLO: a multiplexing worker's slack
+        is spent only on prompts it can still save."""
+        return done < path1_finish and (not self.toggle.chunked or done - req.arrival <= req.slo.ttft)
+
+    @staticmethod
+    def _doomed(req: Request, source: WorkerState, now: float) -> bool:
+        """Would ``req`` miss its TTFT even if its prefill started right now, alone? Then no
+        path saves it: chunked multiplexing does not try, and demotion lets it yield."""
+        return now + source.prefill_cost(req) - req.arrival > req.slo.ttft
 
     def _demoted(self, req: Request, source: WorkerState) -> Assignment:
         """Send a hopeless request to the back of its queue so that others can still attain."""

@@ -1,6 +1,6 @@
 """Simulated requests per wall-clock second, per policy, on the conversation trace.
 
-Usage: python benchmarks/sim_speed.py [--limit N] [--rate-scales 0.25,0.5,1.0] [--json]
+Usage: python benchmarks/sim_speed.py [--limit N] [--rate-scales 0.25,0.5,1.0] [--policies a,b] [--json]
 Runs every policy on the paper cluster (4 workers of InternLM2-20B, TP=2, A100) side by side
 in one process, so the numbers compare with each other on this machine.
 """
@@ -22,12 +22,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N requests (default all)")
     parser.add_argument("--rate-scales", default="0.25,0.5,1.0")
     parser.add_argument("--repeats", type=int, default=3, help="best of N runs per cell")
+    parser.add_argument("--policies", default=",".join(policy_names()))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     scales = [float(s) for s in args.rate_scales.split(",")]
     base = experiment(SimConfig(limit=args.limit).with_preset())
     rows, out = [], {}
-    for policy in policy_names():
+    for policy in args.policies.split(","):
         for scale in scales:
             runs = [simulate(base.with_policy(policy).at_rate(scale)) for _ in range(args.repeats)]
             wall = min(r.sim_wall_s for r in runs)

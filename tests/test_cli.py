@@ -41,8 +41,19 @@ def test_sim_prints_a_table(capsys, profile):
 def test_sweep_reports_capacity_per_policy(capsys, profile):
     out = run_json(capsys, "sweep", "--policies", "colocated,disagg", "--limit", "150",
                    "--profile", profile, "--tol", "0.1", "--json")
-    assert set(out["capacity_rps"]) == {"colocated", "disagg"}
+    assert set(out["capacity_rps"]) == {"colocated", "disagg"} == set(out["stream_capacity_rps"])
     assert all(v > 0 for v in out["capacity_rps"].values())
+    assert out["stream_capacity_rps"]["colocated"] < out["capacity_rps"]["colocated"]  # it stalls
+    assert all(out["stream_capacity_rps"][p] <= out["capacity_rps"][p] for p in out["capacity_rps"])
+
+
+def test_a_tighter_tbt_slo_lowers_stream_attainment_only(capsys, profile):
+    loose = run_json(capsys, "sim", "--policy", "colocated", "--limit", "150", "--profile", profile,
+                     "--rate-scale", "0.05", "--json")
+    tight = run_json(capsys, "sim", "--policy", "colocated", "--limit", "150", "--profile", profile,
+                     "--rate-scale", "0.05", "--tbt-scale", "1", "--json")
+    assert tight["attainment"] == loose["attainment"]
+    assert tight["stream_attainment"] < loose["stream_attainment"]
 
 
 def test_sweep_runs_a_vidur_length_trace_at_a_given_rate(tmp_path, capsys, profile):

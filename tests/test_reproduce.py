@@ -9,22 +9,29 @@ from tropical.cli import main
 
 def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     out = tmp_path / "rep"
-    code = main(["reproduce", "--limit", "300", "--sensitivity-limit", "120", "--out", str(out), "--json"])
+    code = main(["reproduce", "--limit", "200", "--sensitivity-limit", "80", "--out", str(out), "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    policies = {"colocated", "chunked", "disagg", "tropical", "tropical+"}
-    assert set(result["capacity_rps"]) == policies == set(result["ratio_vs_best_baseline"])
-    capacity = result["capacity_rps"]
-    best = max(capacity[p] for p in ("colocated", "chunked", "disagg"))
-    assert best > 0, "no baseline reached 90% attainment at any rate"
-    for policy, ratio in result["ratio_vs_best_baseline"].items():
-        assert ratio == pytest.approx(capacity[policy] / best), policy
+    baselines = {"colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg"}
+    policies = baselines | {"tropical", "tropical+"}
+    for key in ("capacity_rps", "ratio_vs_best_baseline", "stream_capacity_rps",
+                "stream_ratio_vs_best_baseline"):
+        assert set(result[key]) == policies
+    for metric in ("", "stream_"):
+        capacity = result[f"{metric}capacity_rps"]
+        best = max(capacity[p] for p in baselines)
+        assert best > 0, f"no baseline reached 90% {metric}attainment at any rate"
+        for policy, ratio in result[f"{metric}ratio_vs_best_baseline"].items():
+            assert ratio == pytest.approx(capacity[policy] / best), (metric, policy)
+    assert all(result["stream_capacity_rps"][p] <= result["capacity_rps"][p] for p in policies)
+    assert result["bound_rps"] > max(result["capacity_rps"].values())
     for name in ("report.md", "attainment_vs_rate.png", "latency_cdfs.png", "queueing.png",
                  "reproduction.json"):
         assert (out / name).stat().st_size > 0
     report = (out / "report.md").read_text()
-    for heading in ("Goodput capacity", "Analysis", "predictor noise", "role split", "SLO scale",
-                    "synthetic", "azure-code", "banked slack"):
+    for heading in ("Goodput capacity", "Work bound", "work queued at last arrival", "Analysis",
+                    "ablation", "chunked multiplexing", "predictor noise", "role split",
+                    "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall"):
         assert heading in report
     assert (out / "attainment_vs_rate.png").read_bytes()[:4] == b"\x89PNG"
 

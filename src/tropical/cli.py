@@ -52,6 +52,9 @@ POLICY_HELP = {
     "lookahead": "how deep in the queue the toggle looks for TTFT risk (tropical)",
     "demote_doomed": "true: requests that will miss their TTFT even if started now yield their "
                      "place (tropical)",
+    "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
+                         "TPOT slack (tropical)",
+    "laxity": "true: prefill queues ordered by latest feasible start instead of arrival (tropical)",
 }
 
 
@@ -61,6 +64,7 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
              "profile": "fitted latency profile JSON (default: calibrated roofline)",
              "rate_scale": "multiply the trace's request rate",
              "limit": "first N requests of the trace",
+             "tbt_scale": "TBT SLO (longest gap between two tokens) = this x the TPOT SLO",
              **WORKLOAD_HELP}
     add_fields_as_options(parser, SimConfig, helps)
     parser.add_argument("--config", help="TOML or JSON file of the settings above")
@@ -97,6 +101,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   show_progress=not args.json)
     if args.json:
         print(json.dumps({"capacity_rps": {p: c.capacity_rps for p, c in found.items()},
+                          "stream_capacity_rps": {p: c.stream_capacity_rps for p, c in found.items()},
                           "rate_scale": {p: c.result.rate_scale for p, c in found.items()},
                           "target": args.target, "rel_tol": args.tol, "trace": exp.trace.name,
                           "requests": len(exp.trace)}))
@@ -125,9 +130,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     report = write_report(rep, out)
     (out / "reproduction.json").write_text(json.dumps(rep.as_dict(), indent=2))
     if args.json:
-        print(json.dumps({"capacity_rps": rep.as_dict()["capacity_rps"],
-                          "ratio_vs_best_baseline": rep.ratio_vs_best_baseline(),
-                          "report": str(report)}))
+        print(json.dumps({**rep.headline(), "report": str(report)}))
     else:
         print(capacity_table(rep.capacity, 0.9))
         print(f"report: {report}")

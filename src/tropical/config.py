@@ -30,7 +30,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class PolicyConfig:
     """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
-    rule, look-ahead and demotion of doomed requests."""
+    rule, look-ahead, demotion of doomed requests, chunked multiplexing and laxity order."""
 
     policy: str = "tropical"
     prefill_workers: int | None = None
@@ -41,12 +41,14 @@ class PolicyConfig:
     slack: str = "iteration"
     lookahead: int = 64
     demote_doomed: bool = False
+    chunked_multiplex: bool = False
+    laxity: bool = False
 
     def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
         """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
         prefill = self.prefill_workers if num_prefill is None else num_prefill
         toggle = ToggleParams(prefill, self.watermark, slack_rule(self.slack), self.lookahead,
-                              self.demote_doomed)
+                              self.demote_doomed, self.chunked_multiplex, self.laxity)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle)
 
 
@@ -84,6 +86,7 @@ class SimConfig(PolicyConfig):
     rate_scale: float = 1.0
     ttft_scale: float = 5.0
     tpot_scale: float = 5.0
+    tbt_scale: float = 5.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_classes: str | None = None

@@ -1,9 +1,11 @@
 import math
+from dataclasses import replace
 
 import pytest
 
 from tests.factories import make_request
-from tropical.core.metrics import Distribution, attains, summarize, tpot, ttft
+from tropical.core.gaps import GapHistogram
+from tropical.core.metrics import Distribution, attains, miss_cause, stream_attains, summarize, tpot, ttft
 from tropical.core.request import Path
 
 
@@ -55,3 +57,36 @@ def test_summary_percentiles_and_throughput_on_hand_computed_case():
 
 def test_empty_distribution_is_nan():
     assert math.isnan(Distribution.of([]).p90)
+
+
+def test_stream_attainment_also_bounds_the_longest_gap():
+    smooth = finished(0, 0.0, 0.0, 0.5, 1.4, output=10)
+    paused = finished(1, 0.0, 0.0, 0.5, 1.4, output=10)
+    smooth.slo = paused.slo = replace(smooth.slo, tbt=0.5)
+    smooth.max_gap, paused.max_gap = 0.2, 1.2       # same mean TPOT, one stalled stream
+    assert attains(paused) and not stream_attains(paused) and stream_attains(smooth)
+    summary = summarize([smooth, paused])
+    assert (summary.attainment, summary.stream_attainment, summary.stall_share) == (1.0, 0.5, 0.5)
+    assert summary.max_gap.p50 == pytest.approx(0.7) and summary.as_dict()["ttft_max_s"] == 0.5
+
+
+def test_itl_percentiles_come_from_the_gap_histogram():
+    gaps = GapHistogram()
+    gaps.add(0.03, 99)
+    gaps.add(3.0)
+    summary = summarize([finished(0, 0.0, 0.0, 0.5, 1.4, output=10)], gaps)
+    assert summary.itl.p50 == pytest.approx(0.03, rel=0.07)
+    assert math.isnan(summarize([]).itl.p99)
+
+
+def test_each_miss_has_one_cause():
+    queued = finished(0, 0.0, 0.9, 1.5, 2.4, output=10)          # waited 0.9 s, ran 0.6 s
+    slow_prefill = finished(1, 0.0, 0.1, 1.5, 2.4, output=10)    # waited 0.1 s, ran 1.4 s
+    slow_decode = finished(2, 0.0, 0.0, 0.5, 2.0, output=10)
+    paused = finished(3, 0.0, 0.0, 0.5, 1.4, output=10)
+    paused.slo, paused.max_gap = replace(paused.slo, tbt=0.5), 0.8
+    failed = make_request(4)
+    failed.fail(1.0, "x")
+    fine = finished(5, 0.0, 0.0, 0.5, 1.4, output=10)
+    causes = [miss_cause(r) for r in (queued, slow_prefill, slow_decode, paused, failed, fine)]
+    assert causes == ["TTFT queueing", "TTFT execution", "TPOT", "stall", "failed", None]

@@ -1,7 +1,9 @@
 from tests.factories import make_request, make_worker, start_decoding
-from tropical.core.latency.shape import attention_pairs
+from tropical.core.latency.shape import BatchShape, attention_pairs
+from tropical.core.request import Path
 from tropical.sched.batching import form_batch
 from tropical.sched.rules import BatchRules, Role
+from tropical.sched.slack import SlackRule
 
 CHUNKED = BatchRules(prefill_first=False, chunked=True, token_budget=2048)
 COLOCATED = BatchRules(prefill_first=True, token_budget=100_000)
@@ -76,3 +78,30 @@ def test_prefill_worker_batches_prompts_up_to_its_budget():
     batch = form_batch(worker)
     assert [r.id for r, _, _ in batch.prefills] == [0, 1]
     assert batch.decode_count == 0
+
+
+def test_chunked_multiplexing_cuts_a_long_prompt_to_the_largest_chunk_the_slack_admits():
+    rules = BatchRules(prefill_first=False, chunked=True, token_budget=8192,
+                       tpot_guard=SlackRule.ITERATION)
+    worker = make_worker(Role.MULTIPLEX, rules=rules)
+    for i in range(3):
+        start_decoding(worker, make_request(100 + i, output=50, tpot=0.1))
+    long = make_request(1, prompt=6000)
+    long.path = Path.MULTIPLEX
+    worker.enqueue(long)
+    (req, chunk, cached), = form_batch(worker).prefills
+    decodes = BatchShape.decode(3, worker.decode_context)
+    assert req is long and cached == 0 and 1 <= chunk < 6000
+    assert worker.latency.iteration_time(decodes.plus_prefill(chunk, 0)) <= 0.1
+    assert worker.latency.iteration_time(decodes.plus_prefill(chunk + 1, 0)) > 0.1
+
+
+def test_unchunked_multiplexing_leaves_a_prompt_that_breaks_the_slack_for_later():
+    rules = BatchRules(prefill_first=False, token_budget=8192, tpot_guard=SlackRule.ITERATION)
+    worker = make_worker(Role.MULTIPLEX, rules=rules)
+    start_decoding(worker, make_request(100, output=50, tpot=0.1))
+    long = make_request(1, prompt=6000)
+    long.path = Path.MULTIPLEX
+    worker.enqueue(long)
+    batch = form_batch(worker)
+    assert batch.decode_only

@@ -13,7 +13,7 @@ from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
-from tropical.sched.slack import Decoding, SlackRule, TpotBudget
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget, largest_chunk
 from tropical.sched.tropical import ToggleParams
 from tropical.sim.cluster import ClusterSpec, WorkerSpec
 from tropical.sim.simulator import Simulator
@@ -156,3 +156,27 @@ def test_banked_rule_spends_time_saved_so_far():
     assert budget.fits(0.4, start=0.1, rule=SlackRule.BANKED)
     assert not budget.fits(0.41, start=0.1, rule=SlackRule.BANKED)
     assert not budget.fits(0.4, start=0.1, rule=SlackRule.ITERATION)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(500, 6000), st.integers(2, 80)), min_size=20, max_size=60))
+def test_chunked_multiplexing_keeps_tpot_of_every_request_it_touches_with_exact_predictor(lengths):
+    policy = make_policy("tropical", PolicyParams(toggle=ToggleParams(chunked=True)))
+    sim = Watched(CLUSTER.build(policy), policy, bursty(lengths, gap=0.005))
+    done = sim.run()
+    multiplexed = [r for r in done if r.path is Path.MULTIPLEX]
+    assert multiplexed and sim.mixed, "the workload must take Path 2"
+    for req in multiplexed:                        # prefilled in chunks, then decoded in place
+        assert tpot(req) <= req.slo.tpot * (1 + 1e-9)
+        assert req.max_gap <= req.slo.tpot * (1 + 1e-9)
+    for start, end, decoding in sim.mixed:         # and nobody decoding beside the chunks waits
+        assert all(end - start <= req.slo.tpot * (1 + 1e-9) for req, _ in decoding)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5000), st.floats(0, 1e-3), st.floats(0, 1e-7), st.floats(0, 2.0))
+def test_largest_chunk_is_the_last_chunk_within_the_limit(most, linear, quadratic, limit):
+    def time_of(n):
+        return 0.01 + linear * n + quadratic * n * n
+    chunk = largest_chunk(most, time_of, limit)
+    assert chunk == max((n for n in range(1, most + 1) if time_of(n) <= limit), default=0)

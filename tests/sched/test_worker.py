@@ -109,3 +109,52 @@ def test_abort_of_a_request_migrating_in_clears_incoming_and_inbox():
     assert worker.unfinished_tokens == 0
     worker.admit_inbox()
     assert not worker.running
+
+
+def test_gaps_include_the_wait_since_the_last_token_and_a_runs_iterations():
+    worker = make_worker()
+    a = start_decoding(worker, make_request(0, output=5), now=0.0)
+    worker.advance_decodes(1, now=0.1)
+    b = start_decoding(worker, make_request(1, output=10), now=0.15)
+    done = worker.advance_decodes(3, now=1.0, first=0.2, growth=0.1)  # 0.2, 0.3, 0.4 s
+    assert done == [a]
+    assert a.max_gap == pytest.approx(0.4)
+    assert b.max_gap == pytest.approx(0.15)      # the run's gaps fold in when b finishes
+    gaps = worker.gaps.histogram
+    assert gaps.count == 7              # a: 0.1, 0.2, 0.3, 0.4; b: 0.15, 0.3, 0.4
+    assert gaps.mean == pytest.approx((0.1 + 0.2 + 0.15 + 2 * 0.3 + 2 * 0.4) / 7)
+
+
+def test_a_prefill_only_iteration_between_decode_steps_is_a_stall():
+    worker = make_worker()
+    req = start_decoding(worker, make_request(0, output=4), now=0.0)
+    worker.advance_decodes(1, now=0.05)
+    worker.advance_decodes(1, now=1.6)               # a long prefill ran in between
+    worker.advance_decodes(1, now=1.65)
+    assert req.max_gap == pytest.approx(1.55)
+
+
+def test_a_migrated_request_first_gap_counts_from_its_first_token():
+    worker = make_worker(role=Role.MULTIPLEX)
+    req = make_request(0, output=2)
+    req.first_token, req.generated = 1.0, 1
+    worker.expect_migration(req)
+    worker.arrive_migrated(req)
+    worker.admit_inbox()
+    worker.advance_decodes(1, now=1.3)
+    assert req.max_gap == pytest.approx(0.3)
+
+
+def test_laxity_queues_least_ttft_slack_first_but_never_ahead_of_the_running_batch():
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True))
+    relaxed = make_request(0, arrival=0.0, ttft=5.0)
+    urgent = make_request(1, arrival=0.1, ttft=0.5)
+    middle = make_request(2, arrival=0.2, ttft=2.0)
+    worker.enqueue(relaxed)
+    worker.start_prefills([relaxed])                    # already running: stays first
+    for req in (urgent, middle):
+        worker.enqueue(req)
+    worker.enqueue(make_request(3, arrival=0.3, ttft=1.0))
+    assert [r.id for r in worker.waiting] == [0, 1, 3, 2]

@@ -151,3 +151,18 @@ def test_miss_budget_stops_a_hopeless_run_early():
     assert sim.misses > 4
     assert sum(r.error is not None for r in requests) > 20
     assert all("miss budget" in r.error for r in requests if r.error)
+
+
+@pytest.mark.parametrize("policy", ["colocated", "disagg"])
+@settings(max_examples=15, deadline=None)
+@given(lengths)
+def test_closed_form_runs_book_the_same_gaps_as_single_steps(policy, spans):
+    closed = workload(spans)
+    run(policy, closed)
+    stepped = workload(spans)
+    stepping = make_policy(policy)
+    stepping.wants_iteration_events = lambda: True      # one decode iteration per event
+    Simulator(cluster().build(stepping), stepping, stepped).run()
+    for a, b in zip(closed, stepped, strict=True):
+        assert a.max_gap == pytest.approx(b.max_gap, rel=1e-6, abs=1e-9)
+        assert a.max_gap >= (a.finish - a.first_token) / max(1, a.output_len - 1) - 1e-9

@@ -2,7 +2,9 @@
 
 TTFT = first token − arrival; TPOT = (finish − first token) / (output tokens − 1), 0 for a single
 output token; queueing = prefill start − arrival; E2E = finish − arrival. A request attains its
-SLO only when TTFT and TPOT both meet their targets; failed requests never attain.
+SLO only when TTFT and TPOT both meet their targets; failed requests never attain. It *stream*
+attains when it also never waited longer than its TBT SLO between two tokens: mean TPOT hides
+stalls, this does not. A stall is a gap over one second; ITL is the gap between two tokens.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tropical.core.gaps import GapHistogram
 from tropical.core.request import Request
 
 PERCENTILES = (50, 90, 99)
+STALL_S = 1.0
 
 
 def ttft(req: Request) -> float:
@@ -47,6 +51,30 @@ def attains(req: Request) -> bool:
     return ttft(req) <= req.slo.ttft and tpot(req) <= req.slo.tpot
 
 
+def stream_attains(req: Request) -> bool:
+    """Joint attainment, and no gap between two tokens longer than the TBT SLO."""
+    return attains(req) and req.max_gap <= req.slo.tbt
+
+
+def miss_cause(req: Request) -> str | None:
+    """Why ``req`` misses stream attainment (None if it does not): ``failed``; ``TTFT queueing``
+    when it waited longer for its prefill to start than the prefill took (migration aside),
+    else ``TTFT execution``; ``TPOT`` (mean); ``stall`` (a gap over the TBT SLO, mean TPOT met)."""
+    if req.error is not None or req.finish is None:
+        return "failed"
+    if ttft(req) > req.slo.ttft:
+        waited = queueing(req)
+        return "TTFT queueing" if waited > ttft(req) - waited else "TTFT execution"
+    if tpot(req) > req.slo.tpot:
+        return "TPOT"
+    return "stall" if req.max_gap > req.slo.tbt else None
+
+
+def stalled(req: Request) -> bool:
+    """Did the stream pause for more than ``STALL_S`` between two tokens?"""
+    return req.max_gap > STALL_S
+
+
 @dataclass(frozen=True, slots=True)
 class Distribution:
     """Percentiles of one metric over completed requests (NaN when there are none)."""
@@ -55,6 +83,14 @@ class Distribution:
     p90: float
     p99: float
     mean: float
+
+    @classmethod
+    def of_histogram(cls, gaps: GapHistogram | None) -> Distribution:
+        """Percentiles read off a gap histogram (NaN without one)."""
+        if gaps is None:
+            return cls.of([])
+        p50, p90, p99 = (gaps.percentile(q) for q in PERCENTILES)
+        return cls(p50, p90, p99, gaps.mean)
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Distribution:
@@ -79,6 +115,11 @@ class Summary:
     throughput_rps: float
     output_tokens_per_s: float
     paths: dict[str, int] = field(default_factory=dict)
+    stream_attainment: float = 0.0
+    stall_share: float = 0.0
+    itl: Distribution = field(default_factory=lambda: Distribution.of([]))
+    max_gap: Distribution = field(default_factory=lambda: Distribution.of([]))
+    ttft_max: float = float("nan")
 
     def as_dict(self) -> dict[str, float | int | dict[str, int]]:
         """Flat keys (``ttft_p90_s``...) for JSON output and reports."""
@@ -86,8 +127,10 @@ class Summary:
             "requests": self.requests, "completed": self.completed, "failed": self.failed,
             "attainment": self.attainment, "throughput_rps": self.throughput_rps,
             "output_tokens_per_s": self.output_tokens_per_s, "paths": dict(self.paths),
+            "stream_attainment": self.stream_attainment, "stall_share": self.stall_share,
+            "ttft_max_s": self.ttft_max,
         }
-        for metric in ("ttft", "tpot", "queueing", "e2e"):
+        for metric in ("ttft", "tpot", "queueing", "e2e", "itl", "max_gap"):
             dist: Distribution = getattr(self, metric)
             key = "queue" if metric == "queueing" else metric
             for stat in ("p50", "p90", "p99", "mean"):
@@ -95,22 +138,31 @@ class Summary:
         return flat
 
 
-def summarize(requests: Sequence[Request]) -> Summary:
-    """Aggregate finished requests; unfinished or failed ones count against attainment."""
+def summarize(requests: Sequence[Request], gaps: GapHistogram | None = None) -> Summary:
+    """Aggregate finished requests; unfinished or failed ones count against attainment.
+
+    ``gaps``: every gap between two tokens, for the ITL percentiles (NaN without it).
+    """
     done = [r for r in requests if r.error is None and r.finish is not None]
     run = span(requests)
+    ttfts = [ttft(r) for r in done]
     return Summary(
         requests=len(requests),
         completed=len(done),
         failed=sum(r.error is not None for r in requests),
         attainment=sum(map(attains, done)) / len(requests) if requests else 0.0,
-        ttft=Distribution.of([ttft(r) for r in done]),
+        ttft=Distribution.of(ttfts),
         tpot=Distribution.of([tpot(r) for r in done]),
         queueing=Distribution.of([queueing(r) for r in done if r.prefill_start is not None]),
         e2e=Distribution.of([e2e(r) for r in done]),
         throughput_rps=len(done) / run if run > 0 else 0.0,
         output_tokens_per_s=sum(r.output_len for r in done) / run if run > 0 else 0.0,
         paths=dict(Counter(r.path.value for r in requests)),
+        stream_attainment=sum(map(stream_attains, done)) / len(requests) if requests else 0.0,
+        stall_share=sum(map(stalled, done)) / len(done) if done else 0.0,
+        itl=Distribution.of_histogram(gaps),
+        max_gap=Distribution.of([r.max_gap for r in done]),
+        ttft_max=max(ttfts, default=float("nan")),
     )
 
 

@@ -24,7 +24,12 @@ class Path(str, Enum):
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """One inference request. ``output_len`` is the number of tokens it will generate."""
+    """One inference request. ``output_len`` is the number of tokens it will generate.
+
+    ``max_gap`` is the longest time between two of its tokens booked so far (the worker that
+    decodes it books the gaps; see ``WorkerState``); ``gap_step`` is the worker's decode step
+    from which that worker's gap history applies to it.
+    """
 
     id: int
     arrival: float
@@ -42,7 +47,9 @@ class Request:
     decode_worker: int | None = None
     migration_time: float = 0.0
     error: str | None = None
+    max_gap: float = 0.0
     step_base: int = field(default=0, repr=False)
+    gap_step: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1:

@@ -1,12 +1,15 @@
-"""Service-level objectives: per-request TTFT and TPOT targets, absolute or relative.
+"""Service-level objectives: per-request TTFT, TPOT and TBT targets, absolute or relative.
 
 The paper sets each request's TTFT SLO to a multiple of its light-load TTFT (its prefill alone on
 an idle worker) and we use the same scale for TPOT (one decode iteration alone at the request's
-context). Absolute targets in milliseconds override the scales.
+context). Absolute targets in milliseconds override the scales. The TBT target (the longest
+allowed gap between two tokens) is a multiple of the TPOT target: 5x by default, Sarathi-Serve's
+relaxed bound.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -15,10 +18,12 @@ from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
 
 @dataclass(frozen=True, slots=True)
 class SLO:
-    """One request's targets, in seconds."""
+    """One request's targets, in seconds. ``tbt`` bounds every single gap between two tokens
+    (stream attainment); unbounded unless set."""
 
     ttft: float
     tpot: float
+    tbt: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +34,10 @@ class SLOSpec:
     tpot_scale: float = 5.0
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    tbt_scale: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("ttft_scale", "tpot_scale", "ttft_ms", "tpot_ms"):
+        for name in ("ttft_scale", "tpot_scale", "ttft_ms", "tpot_ms", "tbt_scale"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"SLO {name} must be positive, got {value}")
@@ -42,7 +48,7 @@ class SLOSpec:
                 else self.ttft_scale * prefill_time(reference, prompt_len))
         tpot = (self.tpot_ms / 1e3 if self.tpot_ms is not None
                 else self.tpot_scale * decode_time(reference, 1, prompt_len))
-        return SLO(ttft=ttft, tpot=tpot)
+        return SLO(ttft=ttft, tpot=tpot, tbt=self.tbt_scale * tpot)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The three baselines of DESIGN.md §2, all dispatching to the fewest unfinished tokens.
 
 colocated: vLLM continuous batching, waiting prefills first in prefill-only iterations.
-chunked:   vLLM with chunked prefill (Sarathi-Serve): decodes first, then prompt chunks, 2048.
+chunked:   vLLM with chunked prefill (Sarathi-Serve): decodes first, then prompt chunks under a
+           token budget (2048 by default; the registry also has 512 and 1024).
 disagg:    DistServe: prefill-only and decode-only workers, FCFS prefill batches, KV migration.
 """
 
@@ -29,8 +30,8 @@ class ColocatedPolicy(Policy):
     """Every worker prefills and decodes; ``chunked`` selects Sarathi-style mixed batches."""
 
     def __init__(self, max_batched_tokens: int, chunked: bool = False,
-                 chunk_budget: int = 2048, max_seqs: int = 256) -> None:
-        self.name = "chunked" if chunked else "colocated"
+                 chunk_budget: int = 2048, max_seqs: int = 256, name: str | None = None) -> None:
+        self.name = name or ("chunked" if chunked else "colocated")
         self._rules = (BatchRules(prefill_first=False, chunked=True, token_budget=chunk_budget,
                                   max_seqs=max_seqs) if chunked
                        else BatchRules(prefill_first=True, token_budget=max_batched_tokens,

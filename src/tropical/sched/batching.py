@@ -2,7 +2,9 @@
 
 A batch is the worker's whole decoding set plus prefill spans (request, new tokens, cached
 tokens) taken first-come first-served under the rules' token budget and sequence cap. A prompt
-whose KV does not fit blocks the queue behind it (FCFS), so memory never over-commits.
+whose KV does not fit blocks the queue behind it (FCFS), so memory never over-commits. A
+multiplexing worker's TPOT guard checks the planned prefills against its decodes' slack as the
+batch forms.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Path, Request
-from tropical.sched.slack import Decoding, TpotBudget
+from tropical.sched.slack import Decoding, TpotBudget, largest_chunk
 from tropical.sched.worker import WorkerState
 
 
@@ -61,17 +63,42 @@ def _compose(worker: WorkerState) -> Batch:
 
 def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
     """Stop before the first multiplexed prefill that would stretch the iteration past the
-    decodes' TPOT slack (the batch may differ from what the toggle planned: KV landed since)."""
+    decodes' TPOT slack (the batch may differ from what the toggle planned: KV landed since);
+    under chunked rules, cut that prompt to the largest chunk that still fits instead, and
+    count requests about to decode here among those the iteration must not hold up."""
     rule = worker.rules.tpot_guard
-    if rule is None or not batch.decode_count:
+    decoding = [Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values()]
+    if worker.rules.chunked:
+        decoding += _prospective(worker, batch, now)
+    if rule is None or not decoding:
         return batch
-    budget = TpotBudget.of(Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values())
+    budget = TpotBudget.of(decoding)
+    limit = budget.limit(now, rule)
     shape = BatchShape.decode(batch.decode_count, batch.decode_context)
     for i, (req, new, cached) in enumerate(batch.prefills):
-        shape = shape.plus_prefill(new, cached)
-        if req.path is Path.MULTIPLEX and not budget.fits(worker.latency.iteration_time(shape), now, rule):
-            return replace(batch, prefills=batch.prefills[:i])
+        stretched = shape.plus_prefill(new, cached)
+        if req.path is not Path.MULTIPLEX or worker.latency.iteration_time(stretched) <= limit:
+            shape = stretched
+            continue
+        chunk = _chunk(worker, shape, new, cached, limit) if worker.rules.chunked else 0
+        return replace(batch, prefills=batch.prefills[:i] + ([(req, chunk, cached)] if chunk else []))
     return batch
+
+
+def _chunk(worker: WorkerState, shape: BatchShape, new: int, cached: int, limit: float) -> int:
+    """The most of ``new`` prompt tokens that ``shape`` can take within ``limit`` seconds."""
+    def time_of(n: int) -> float:
+        return worker.latency.iteration_time(shape.plus_prefill(n, cached))
+
+    return largest_chunk(new - 1, time_of, limit)
+
+
+def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding]:
+    """Requests that will decode here soon and wait for this iteration to end: KV on its way,
+    and the multiplexed prompts themselves. Chunked multiplexing keeps every iteration within
+    their TPOT SLOs too, so that no stream waits long for its next token."""
+    incoming = [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
+    return incoming + [Decoding(r, 1, now) for r, _, _ in batch.prefills if r.path is Path.MULTIPLEX]
 
 
 def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:

@@ -141,15 +141,19 @@ class Cluster:
         """The worker's current iteration should end at ``until`` (what the policy plans around)."""
         self.workers[worker_id].busy_until = until
 
-    def advance(self, worker_id: int, steps: int, now: float) -> None:
-        """Book ``steps`` decode iterations of a run still in flight (none of them finishes a request)."""
-        finished = self.workers[worker_id].advance_decodes(steps, now)
+    def advance(self, worker_id: int, steps: int, now: float, first: float = 0.0,
+                growth: float = 0.0) -> None:
+        """Book ``steps`` decode iterations of a run still in flight (none of them finishes a request);
+        ``first`` and ``growth`` time them, as for ``book``."""
+        finished = self.workers[worker_id].advance_decodes(steps, now, first, growth)
         if finished:
             raise RuntimeError(f"worker {worker_id}: a decode run was settled past a finish")
 
-    def book(self, worker_id: int, batch: Batch, now: float, steps: int = 1,
-             eos: Iterable[int] = ()) -> Booking:
-        """``batch`` ran (``steps`` times, for a decode-only batch) and ended at ``now``.
+    def book(self, worker_id: int, batch: Batch, now: float, steps: int = 1, eos: Iterable[int] = (),
+             first: float = 0.0, growth: float = 0.0) -> Booking:
+        """``batch`` ran (``steps`` times, for a decode-only batch) and ended at ``now``; a run of
+        several took ``first`` for its first iteration and ``growth`` more for each next one (the
+        requests' gaps between tokens are booked from them).
 
         Decodes are booked first, then prompts; requests in ``eos`` sampled an end-of-sequence
         token and stop unless a length limit finished them already. Prompts done on a worker that
@@ -157,7 +161,8 @@ class Cluster:
         """
         worker = self.workers[worker_id]
         worker.busy_until = now
-        finished = [(r, "length") for r in worker.advance_decodes(steps, now)] if batch.decode_count else []
+        finished = ([(r, "length") for r in worker.advance_decodes(steps, now, first, growth)]
+                    if batch.decode_count else [])
         prefilled = self._complete_prompts(worker, batch, now, finished) if batch.prefills else []
         if eos:
             finished += [(req, "eos") for req in self._stop_at_eos(worker, eos, now)]

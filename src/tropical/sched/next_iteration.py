@@ -2,8 +2,10 @@
 
 Who decodes in it: the running batch (one token further if an iteration is in flight), KV that
 has landed or is on its way (it may land before the iteration starts: counting it is the safe
-side), and prompts finishing in the iteration in flight. Computed once per scheduling
-round, so trying many candidate prefills costs one latency prediction each.
+side), and prompts finishing in the iteration in flight. ``peak_context`` is their context once
+each has all its output tokens (its ``kv_tokens``): what their decode iterations grow to.
+Computed once per scheduling round, so trying many candidate prefills costs one latency
+prediction each.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class NextIteration:
     decode_context: int
     queued: tuple[Request, ...]
     budget: TpotBudget
+    peak_context: int = 0
 
     @classmethod
     def of(cls, worker: WorkerState, now: float) -> NextIteration:
@@ -39,7 +42,9 @@ class NextIteration:
             decodes += [Decoding(r, 1, start) for r in islice(worker.waiting, worker.batch_prefills)
                         if r.computed == 0]
         context = sum(d.request.prompt_len + d.generated for d in decodes)
-        return cls(start, busy, tuple(decodes), context, tuple(worker.queued()), TpotBudget.of(decodes))
+        peak = sum(d.request.kv_tokens for d in decodes)
+        return cls(start, busy, tuple(decodes), context, tuple(worker.queued()), TpotBudget.of(decodes),
+                   peak)
 
     def shape(self, prefills: list[Request]) -> BatchShape:
         """The batch with these prefills added to the decodes."""

@@ -22,14 +22,20 @@ class PolicyParams:
     toggle: ToggleParams = field(default_factory=ToggleParams)
 
 
+CHUNK_SIZES = (512, 1024, 2048)
+"""Sarathi-Serve's budgets: ``chunked-512`` … are the chunked baseline at a fixed budget."""
+
 _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "colocated": lambda p: ColocatedPolicy(p.max_batched_tokens, max_seqs=p.max_seqs),
     "chunked": lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True,
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
+    **{f"chunked-{size}": (lambda p, size=size: ColocatedPolicy(
+        p.max_batched_tokens, chunked=True, chunk_budget=size, max_seqs=p.max_seqs,
+        name=f"chunked-{size}")) for size in CHUNK_SIZES},
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.toggle.num_prefill, p.max_seqs),
     "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle, p.max_seqs),
     "tropical+": lambda p: TropicalPolicy(
-        p.max_batched_tokens, replace(p.toggle, slack=SlackRule.BANKED, demote_doomed=True),
+        p.max_batched_tokens, replace(p.toggle, slack=SlackRule.ITERATION, chunked=True),
         p.max_seqs, name="tropical+"),
 }
 

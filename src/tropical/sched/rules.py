@@ -37,6 +37,8 @@ class BatchRules:
 
     ``tpot_guard``: re-check, when the batch forms, that multiplexed prefills still fit the
     decodes' TPOT slack under this rule; one that no longer does waits for a later iteration.
+    ``laxity``: queue prompts by the latest time their prefill may start and still meet the
+    TTFT SLO (least slack first) instead of by arrival.
     """
 
     prefill_first: bool = False
@@ -44,6 +46,7 @@ class BatchRules:
     token_budget: int = 2048
     max_seqs: int = 256
     tpot_guard: SlackRule | None = None
+    laxity: bool = False
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_seqs < 1:

@@ -4,13 +4,16 @@
 request's TPOT SLO. ``banked``: a request may also spend the time it saved so far: after the
 iteration it must still have produced its tokens within tokens × TPOT SLO of its first token.
 Both guarantee that, with an exact predictor, a multiplexed prefill never makes a decoding
-request miss its TPOT SLO as long as plain decode iterations fit the SLO.
+request miss its TPOT SLO as long as plain decode iterations fit the SLO. Under ``iteration`` a
+long prompt need not wait for a whole iteration's worth of slack: chunked multiplexing feeds it
+in the largest chunk that fits each iteration (``largest_chunk``), so no gap between two tokens
+grows past the TPOT SLO either.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -51,6 +54,38 @@ class TpotBudget:
 
     def fits(self, iteration: float, start: float, rule: SlackRule) -> bool:
         """Would an iteration of ``iteration`` seconds starting at ``start`` keep every TPOT SLO?"""
-        if rule is SlackRule.ITERATION:
-            return iteration <= self.min_tpot
-        return start + iteration <= self.deadline
+        return iteration <= self.limit(start, rule)
+
+    def limit(self, start: float, rule: SlackRule) -> float:
+        """The longest iteration starting at ``start`` that keeps every TPOT SLO."""
+        return self.min_tpot if rule is SlackRule.ITERATION else self.deadline - start
+
+
+def largest_chunk(most: int, time_of: Callable[[int], float], limit: float) -> int:
+    """The most prompt tokens, up to ``most``, whose iteration takes at most ``limit`` (0 if
+    none). Iteration time grows with the chunk, nearly linearly, so each round guesses by
+    interpolation and checks the neighbour across the line: a few predictions, not log(most)."""
+    if most < 1 or time_of(1) > limit:
+        return 0
+    t_hi = time_of(most)
+    if t_hi <= limit:
+        return most
+    lo, hi, t_lo = 1, most, time_of(1)
+    while hi - lo > 1:
+        guess = lo + int((limit - t_lo) / (t_hi - t_lo) * (hi - lo)) if t_hi > t_lo else lo + 1
+        mid = min(hi - 1, max(lo + 1, guess))
+        t_mid = time_of(mid)
+        if t_mid <= limit:
+            lo, t_lo = mid, t_mid
+            if mid + 1 < hi and (t_next := time_of(mid + 1)) > limit:
+                hi = mid + 1
+            elif mid + 1 < hi:
+                lo, t_lo = mid + 1, t_next
+        else:
+            hi, t_hi = mid, t_mid
+            if mid - 1 > lo and (t_prev := time_of(mid - 1)) <= limit:
+                lo = mid - 1
+                break
+            if mid - 1 > lo:
+                hi, t_hi = mid - 1, t_prev
+    return lo

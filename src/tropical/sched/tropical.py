@@ -16,33 +16,42 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tropical.core.latency.model import prefill_time
+from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Path, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.dispatch import decode_destination
 from tropical.sched.next_iteration import NextIteration
+from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import Decoding, SlackRule, TpotBudget
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget, largest_chunk
 from tropical.sched.worker import WorkerState
 
 
 @dataclass(frozen=True, slots=True)
 class ToggleParams:
-    """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk, and
-    whether requests that will miss their TTFT even if started now yield their place."""
+    """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk,
+    whether requests that will miss their TTFT even if started now yield their place, and
+    whether multiplexing workers take prompts in slack-sized chunks over several iterations,
+    and whether prefill queues are ordered by laxity (least TTFT slack first)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
     slack: SlackRule = SlackRule.ITERATION
     lookahead: int = 64
     demote_doomed: bool = False
+    chunked: bool = False
+    laxity: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
             raise ValueError(f"watermark must lie in [0, 1], got {self.watermark}")
         if self.lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, got {self.lookahead}")
+
+
+_BAND = math.log(1.01)
 
 
 class TropicalPolicy(Policy):
@@ -58,11 +67,14 @@ class TropicalPolicy(Policy):
         self.name = name
         self.toggle = toggle or ToggleParams()
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
-                                   max_seqs=max_seqs)
-        self._multiplex = BatchRules(prefill_first=False, token_budget=max_batched_tokens,
-                                     max_seqs=max_seqs, tpot_guard=self.toggle.slack)
+                                   max_seqs=max_seqs, laxity=self.toggle.laxity)
+        self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
+                                     token_budget=max_batched_tokens, max_seqs=max_seqs,
+                                     tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
+        self._chunks: dict[tuple[int, int | None], tuple[int, float]] = {}
+        self._queued: dict[int, Pending] = {}
         self._demoted_ids: set[int] = set()
 
     def roles(self, num_workers: int) -> list[Role]:
@@ -80,13 +92,14 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round = {}
+        self._round, self._chunks, self._queued = {}, {}, {}
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, Path.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)")]
         options = [(done, w.id, w) for w in multiplex
-                   if (done := self._multiplex_finish(req, w, [], now)) is not None and done < finish]
+                   if (done := self._multiplex_finish(req, w, None, now)) is not None
+                   and self._worth(req, done, finish)]
         if options:
             done, _, target = min(options)
             return [self._multiplexed(req, target, finish, done)]
@@ -108,34 +121,43 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round = {}, {}
+        self._checks, self._round, self._chunks, self._queued = {}, {}, {}, {}
         hopeless, hopeful = [], []
         for item in at_risk:
-            (hopeless if self._hopeless(item[0], item[1], now) else hopeful).append(item)
+            (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
+        if not self.toggle.chunked:
+            hopeful += [item for item in hopeless if not self.toggle.demote_doomed]
         return self._multiplex_at_risk(hopeful, multiplex, now) + [
             self._demoted(req, source) for req, source, _ in hopeless
-            if req.id not in self._demoted_ids]
+            if self.toggle.demote_doomed and req.id not in self._demoted_ids]
 
     def _multiplex_at_risk(self, at_risk: list[tuple[Request, WorkerState, float]],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
-        plans: dict[int, list[Request]] = {w.id: [] for w in multiplex}
+        plans: dict[int, Pending] = {}
         moves = []
         for req, source, finish in sorted(at_risk, key=lambda x: x[0].prompt_len):
             options = [(done, w.id, w) for w in multiplex
-                       if (done := self._multiplex_finish(req, w, plans[w.id], now)) is not None]
+                       if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
                 self._plan_checks(req, multiplex, plans, now, finish)
                 break
             done, _, target = min(options)
-            if done < finish:
-                plans[target.id].append(req)
+            if self._worth(req, done, finish):
+                plans[target.id] = (plans.get(target.id) or self._queued_of(target, now)).plus(req, target)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
         return moves
 
-    def _hopeless(self, req: Request, source: WorkerState, now: float) -> bool:
-        """Would ``req`` miss its TTFT even if its prefill started right now (tropical+ only)?"""
-        return (self.toggle.demote_doomed
-                and now + source.prefill_cost(req) - req.arrival > req.slo.ttft)
+    def _worth(self, req: Request, done: float, path1_finish: float) -> bool:
+        """Is Path 2's predicted finish worth taking? The paper's toggle: sooner than Path 1.
+        Chunked multiplexing also asks that it meet the TTFT SLO: a multiplexing worker's slack
+        is spent only on prompts it can still save."""
+        return done < path1_finish and (not self.toggle.chunked or done - req.arrival <= req.slo.ttft)
+
+    @staticmethod
+    def _doomed(req: Request, source: WorkerState, now: float) -> bool:
+        """Would ``req`` miss its TTFT even if its prefill started right now, alone? Then no
+        path saves it: chunked multiplexing does not try, and demotion lets it yield."""
+        return now + source.prefill_cost(req) - req.arrival > req.slo.ttft
 
     def _demoted(self, req: Request, source: WorkerState) -> Assignment:
         """Send a hopeless request to the back of its queue so that others can still attain."""
@@ -145,24 +167,25 @@ class TropicalPolicy(Policy):
                           source.id)
 
     def _plan_checks(self, req: Request, multiplex: list[WorkerState],
-                     plans: dict[int, list[Request]], now: float, path1_finish: float) -> None:
+                     plans: dict[int, Pending], now: float, path1_finish: float) -> None:
         """Under banked slack, note the decode step at which ``req`` should fit each worker."""
         if self.toggle.slack is not SlackRule.BANKED:
             return
         for worker in multiplex:
-            step = self._fitting_step(req, worker, plans.get(worker.id, []), now, path1_finish)
+            plan = plans.get(worker.id) or self._queued_of(worker, now)
+            step = self._fitting_step(req, worker, plan, now, path1_finish)
             if step is not None:
                 self._checks[worker.id] = min(step, self._checks.get(worker.id, step))
 
-    def _fitting_step(self, req: Request, worker: WorkerState, plan: list[Request], now: float,
+    def _fitting_step(self, req: Request, worker: WorkerState, plan: Pending, now: float,
                       path1_finish: float) -> int | None:
         """The worker's decode step after which its banked slack should admit ``req``, or None
         if it never will before Path 1 would finish it (or for want of KV or seats)."""
         nxt = self._next_of(worker, now)
-        prefills = [*nxt.queued, *plan, req]
+        prefills = plan.plus(req, worker)
         if not self._room_for(worker, prefills):
             return None
-        iteration = worker.latency.iteration_time(nxt.shape(prefills))
+        iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
         step = worker.latency.iteration_time(nxt.shape([]))
         wait = 0
         for d in nxt.decodes:
@@ -210,20 +233,62 @@ class TropicalPolicy(Policy):
                           f"> SLO {req.slo.ttft:.3f}s); multiplexed, predicted {finish - req.arrival:.3f}s",
                           source)
 
-    def _multiplex_finish(self, req: Request, worker: WorkerState, plan: list[Request],
+    def _multiplex_finish(self, req: Request, worker: WorkerState, plan: Pending | None,
                           now: float) -> float | None:
-        """When ``worker``'s next iteration would end with ``req`` in it, or None if it may not.
+        """When ``worker`` would finish ``req``'s prompt, or None if it may not take it.
 
-        ``plan`` holds prefills already promised to that iteration in this scheduling round.
+        ``plan`` sums the prompts queued there and those promised in this scheduling round
+        (None: just the queue). The paper's toggle runs the whole prompt in the next
+        iteration; chunked multiplexing runs it, after the prompts ahead of it, in the largest
+        chunk each iteration's slack admits.
         """
         nxt = self._next_of(worker, now)
-        prefills = [*nxt.queued, *plan, req]
+        prefills = (plan or self._queued_of(worker, now)).plus(req, worker)
         if not self._room_for(worker, prefills):
             return None
-        iteration = worker.latency.iteration_time(nxt.shape(prefills))
+        if self.toggle.chunked:
+            limit = min(nxt.budget.min_tpot, req.slo.tpot)
+            if not self._decodes_fit(worker, nxt, prefills, limit):
+                return None
+            return self._chunked_finish(worker, nxt, prefills.tokens, limit)
+        iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
         if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
             return None
         return nxt.start + iteration
+
+    @staticmethod
+    def _decodes_fit(worker: WorkerState, nxt: NextIteration, prefills: Pending, limit: float) -> bool:
+        """Would plain decode iterations, with these prompts decoding there too and every
+        request at its longest context, stay within ``limit``? (The TPOT promise covers them.)"""
+        shape = BatchShape.decode(len(nxt.decodes) + prefills.count, nxt.peak_context + prefills.peak)
+        return worker.latency.iteration_time(shape) <= limit
+
+    def _chunked_finish(self, worker: WorkerState, nxt: NextIteration, tokens: int,
+                        limit: float) -> float | None:
+        """End of the iteration that completes ``tokens`` prompt tokens fed in chunks, each
+        iteration at most ``limit`` long (the tightest TPOT SLO among its decodes as they stand
+        now and the request's own, which decodes there next)."""
+        chunk, iteration = self._chunk_of(worker, nxt, limit)
+        if chunk == 0:
+            return None
+        return nxt.start + math.ceil(tokens / chunk) * iteration
+
+    def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> tuple[int, float]:
+        """The largest prompt chunk an iteration of ``worker`` of at most ``limit`` admits, and
+        that iteration's time; once per scheduling round and 1% band of limits (priced at the
+        band's floor, the safe side), so candidates with slightly different SLOs share it."""
+        band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
+        key = (worker.id, band)
+        if band is not None:
+            limit = math.exp(band * _BAND)
+        if key not in self._chunks:
+            decode = nxt.shape([])
+            room = worker.rules.token_budget - decode.decode_count
+            chunk = largest_chunk(room, lambda n: worker.latency.iteration_time(decode.plus_prefill(n, 0)),
+                                  limit)
+            time = worker.latency.iteration_time(decode.plus_prefill(chunk, 0)) if chunk else 0.0
+            self._chunks[key] = (chunk, time)
+        return self._chunks[key]
 
     def _next_of(self, worker: WorkerState, now: float) -> NextIteration:
         """The worker's next iteration as it stands, computed once per scheduling round."""
@@ -231,27 +296,41 @@ class TropicalPolicy(Policy):
             self._round[worker.id] = NextIteration.of(worker, now)
         return self._round[worker.id]
 
-    def _room_for(self, worker: WorkerState, prefills: list[Request]) -> bool:
+    def _queued_of(self, worker: WorkerState, now: float) -> Pending:
+        """The prompts queued on ``worker`` (not yet running), once per scheduling round."""
+        if worker.id not in self._queued:
+            self._queued[worker.id] = Pending.of(worker, self._next_of(worker, now).queued)
+        return self._queued[worker.id]
+
+    def _room_for(self, worker: WorkerState, prefills: Pending) -> bool:
         """Seats in the batch, the token budget (a lone prefill may exceed it, as batch formation
-        allows), and KV under the watermark for these prefills."""
+        allows; chunks never do), and KV under the watermark for these prefills."""
         decodes = worker.batch_size + len(worker.incoming)
-        if decodes + len(prefills) > worker.rules.max_seqs:
+        if decodes + prefills.count > worker.rules.max_seqs:
             return False
-        tokens = sum(r.remaining_prompt for r in prefills)
-        if len(prefills) > 1 and decodes + tokens > worker.rules.token_budget:
+        if (not self.toggle.chunked and prefills.count > 1
+                and decodes + prefills.tokens > worker.rules.token_budget):
             return False
-        kv_tokens = sum(worker.kv_tokens_needed(r) for r in prefills if r.id not in worker.holds)
-        return worker.kv.fits(kv_tokens, self.toggle.watermark)
+        return worker.kv.fits(prefills.kv_new, self.toggle.watermark)
 
     def decode_worker(self, req: Request, workers: Sequence[WorkerState],
                       now: float) -> WorkerState | None:
         """Fewest unfinished tokens among the workers whose planned next iteration also keeps the
-        arriving request's own TPOT budget; any worker with room when none does."""
+        arriving request's own TPOT budget; any worker with room when none does. Under chunked
+        multiplexing the request rather waits (None) while some worker decodes, so that no
+        decode iteration outgrows a TPOT SLO it promised."""
         fitting = [w for w in workers if w.role.decodes and self._joins_in_time(req, w, now)]
-        return decode_destination(req, fitting) or decode_destination(req, workers)
+        chosen = decode_destination(req, fitting)
+        decoding = any(w.batch_size for w in workers if w.alive and w.role.decodes)
+        if chosen is not None or (self.toggle.chunked and decoding):
+            return chosen
+        return decode_destination(req, workers)
 
     def _joins_in_time(self, req: Request, worker: WorkerState, now: float) -> bool:
         nxt = NextIteration.of(worker, now)
+        if self.toggle.chunked:
+            limit = min(nxt.budget.min_tpot, req.slo.tpot)
+            return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req)), limit)
         joined = replace(nxt, decodes=(*nxt.decodes, Decoding(req, req.generated, req.first_token)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)
         iteration = worker.latency.iteration_time(joined.shape(list(nxt.queued)))

@@ -18,6 +18,7 @@ from tropical.core.latency.model import LatencyModel, prefill_time
 from tropical.core.request import Request
 from tropical.sched.kv import KVPool
 from tropical.sched.rules import BatchRules, Role
+from tropical.sched.token_gaps import TokenGaps
 
 
 @dataclass(slots=True, eq=False)
@@ -42,6 +43,7 @@ class WorkerState:
     batch_prefills: int = 0
     queued_work: float = 0.0
     alive: bool = True
+    gaps: TokenGaps = field(default_factory=TokenGaps)
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
 
@@ -110,10 +112,27 @@ class WorkerState:
         self.kv.release(self.holds.pop(req.id, 0))
 
     def enqueue(self, req: Request) -> None:
-        """Accept a request whose prompt this worker will prefill."""
-        self.waiting.append(req)
+        """Accept a request whose prompt this worker will prefill (at the back, or by laxity)."""
+        if self.rules.laxity:
+            self.waiting.insert(self._laxity_slot(req), req)
+        else:
+            self.waiting.append(req)
         self._add_queued_work(req, 1)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+
+    def latest_start(self, req: Request) -> float:
+        """When ``req``'s prefill must start here to meet its TTFT SLO."""
+        return req.arrival + req.slo.ttft - self.prefill_cost(req)
+
+    def _laxity_slot(self, req: Request) -> int:
+        """Where ``req`` goes among the queued prompts (never ahead of the batch in flight):
+        after every prompt with less or equal slack. New prompts mostly have the most slack, so
+        the scan from the back is short."""
+        key = self.latest_start(req)
+        slot = len(self.waiting)
+        while slot > self.batch_prefills and self.latest_start(self.waiting[slot - 1]) > key:
+            slot -= 1
+        return slot
 
     def expect_migration(self, req: Request) -> None:
         """Reserve room for a request whose KV is on its way here."""
@@ -130,6 +149,7 @@ class WorkerState:
         self.running[req.id] = req
         self.decode_context += req.prompt_len + req.generated
         self.running_remaining += req.output_len - req.generated
+        self.gaps.joined(req, self.steps)
         heapq.heappush(self._finishes, (req.step_base + req.output_len, req.id, req))
 
     def arrive_migrated(self, req: Request) -> None:
@@ -147,11 +167,17 @@ class WorkerState:
         """Decode iterations until the earliest running request finishes (0 if none runs)."""
         return self._finishes[0][0] - self.steps if self._finishes else 0
 
-    def advance_decodes(self, n: int, now: float) -> list[Request]:
-        """Account for n decode iterations of the whole running batch ending at ``now``."""
+    def advance_decodes(self, n: int, now: float, first: float = 0.0,
+                        growth: float = 0.0) -> list[Request]:
+        """Account for n decode iterations of the whole running batch ending at ``now``.
+
+        A run of n > 1 also says how long its iterations took (``first``, growing by
+        ``growth`` each), so that every request's gaps between tokens are booked exactly.
+        """
         batch = len(self.running)
         assert n >= 1 and batch, "advancing an empty decode batch"
         assert n <= self.steps_to_next_finish(), "a decode run must not skip past a finish"
+        self.gaps.booked(self.steps, n, batch, now, first, growth)
         self.steps += n
         self.decode_context += n * batch
         self.running_remaining -= n * batch
@@ -162,8 +188,11 @@ class WorkerState:
             self.decode_context -= req.prompt_len + req.output_len
             req.generated = req.output_len
             req.finish = now
+            self.gaps.finished(req)
             self.release(req)
             finished.append(req)
+        if finished:
+            self.gaps.prune(self.running.values())
         return finished
 
     def complete_prefill(self, req: Request, new: int, now: float) -> bool:
@@ -215,6 +244,7 @@ class WorkerState:
             self.running_remaining -= req.output_len - req.generated
             self._finishes = [f for f in self._finishes if f[2] is not req]
             heapq.heapify(self._finishes)
+            self.gaps.left(req)
         self.release(req)
 
 

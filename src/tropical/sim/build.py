@@ -19,17 +19,18 @@ def latency_factory(cfg: SimConfig) -> LatencyFactory:
     return lambda replica: fitted
 
 
-def parse_slo_classes(text: str, seed: int) -> SLOMix:
+def parse_slo_classes(text: str, seed: int, tbt_scale: float = 5.0) -> SLOMix:
     """``0.3:ttft_ms=2000:tpot_ms=80,0.7:ttft_scale=10`` → classes with shares 0.3 and 0.7."""
     classes = []
     for item in text.split(","):
         share, *settings = item.strip().split(":")
         try:
             fields = {k: float(v) for k, v in (s.split("=", 1) for s in settings)}
+            fields.setdefault("tbt_scale", tbt_scale)
             classes.append((float(share), SLOSpec(**fields)))
         except (ValueError, TypeError) as err:
             raise ValueError(f"SLO class {item.strip()!r}: expected share:key=value:..., with keys "
-                             f"ttft_scale, tpot_scale, ttft_ms, tpot_ms ({err})") from None
+                             f"ttft_scale, tpot_scale, ttft_ms, tpot_ms, tbt_scale ({err})") from None
     return SLOMix(tuple(classes), seed)
 
 
@@ -61,7 +62,7 @@ def experiment(cfg: SimConfig) -> Experiment:
                          "(check --limit, --start-s and --end-s)")
     cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
                        cfg.memory_utilization)
-    slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms)
-    mix = parse_slo_classes(cfg.slo_classes, cfg.seed) if cfg.slo_classes else None
+    slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.tbt_scale)
+    mix = parse_slo_classes(cfg.slo_classes, cfg.seed, cfg.tbt_scale) if cfg.slo_classes else None
     return Experiment(trace, cluster, cfg.policy, cfg.policy_params(), slo, cfg.rate_scale,
                       cfg.predictor_noise, cfg.seed, mix)

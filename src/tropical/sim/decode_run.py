@@ -39,6 +39,11 @@ class DecodeRun:
     def duration(self) -> float:
         return self.elapsed(self.steps)
 
+    @property
+    def growth(self) -> float:
+        """How much longer each iteration is than the one before (the batch's context grows)."""
+        return self.slope * self.batch
+
     def iteration(self, k: int) -> float:
         """Duration of the k-th iteration (from 1)."""
         return self.intercept + self.slope * (self.context + (k - 1) * self.batch)

@@ -1,45 +1,90 @@
-"""The paper's evaluation on the paper cluster, plus the sensitivity studies, as data.
+"""The paper's evaluation on the paper cluster, plus the ablation and sensitivity studies.
 
-Capacities of every policy on the full trace; latency distributions at a common rate (the best
-baseline's capacity); attainment against rate; and capacity ratios under predictor noise,
-other role splits, other traces and other SLO scales (on a slice of each trace, for time).
+Capacities of every policy on the full trace under both attainments (the paper's mean TPOT,
+and stream attainment, which also bounds every gap between two tokens) against the work bound;
+each policy at its own capacity (work left queued at the last arrival, tail TTFT); latency
+distributions at a common rate (the best baseline's capacity); attainment against rate; and
+capacity ratios for the toggle's mechanisms one by one, under predictor noise, other role
+splits, other traces, SLO settings and shorter requests (on a slice of each trace, for time).
+The best baseline is the best of all baseline variants (chunk sizes included) in each setting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
+from tropical.sim.bound import WorkBound, queued_work, work_bound
 from tropical.sim.run import Experiment, SimResult
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
+from tropical.workload.transform import scale_lengths
 
-POLICIES = ("colocated", "chunked", "disagg", "tropical", "tropical+")
-BASELINES = ("colocated", "chunked", "disagg")
+POLICIES = ("colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg", "tropical",
+            "tropical+")
+BASELINES = ("colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg")
 TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
 CURVE_FLOOR = 0.05
+ABLATION: dict[str, dict[str, object]] = {
+    "paper toggle (per-iteration slack)": {},
+    "banked slack": {"slack": SlackRule.BANKED},
+    "banked slack + demotion": {"slack": SlackRule.BANKED, "demote_doomed": True},
+    "chunked multiplexing": {"chunked": True},
+    "chunked multiplexing + laxity order": {"chunked": True, "laxity": True},
+    "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
+}
+"""Toggle variants, each one mechanism more than the paper's (demotion disclosed separately)."""
+TPOT_SCALES = (1.5, 2.0, 3.0)
+SHORT_PROMPTS = 0.25
 
 
 @dataclass
 class Study:
-    """Capacities (req/s) of some policies under named variants of one setting."""
+    """Capacities (req/s) of some policies under named variants of one setting, under the
+    paper's attainment (``capacity``) and stream attainment (``stream``)."""
 
     title: str
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
+    stream: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def ratios(self) -> dict[str, dict[str, float]]:
+    def ratios(self, stream: bool = False) -> dict[str, dict[str, float]]:
         """Each policy's capacity over the best baseline's in the same variant."""
         out = {}
-        for variant, caps in self.capacity.items():
-            best = max((caps[b] for b in BASELINES if b in caps), default=0.0)
-            out[variant] = {p: (c / best if best else float("nan")) for p, c in caps.items()}
+        for variant, caps in (self.stream if stream else self.capacity).items():
+            out[variant] = {p: _ratio(c, best_of(caps)) for p, c in caps.items()}
         return out
+
+    def add(self, variant: str, policy: str, found: PolicyCapacity) -> None:
+        self.capacity.setdefault(variant, {})[policy] = found.capacity_rps
+        self.stream.setdefault(variant, {})[policy] = found.stream_capacity_rps
+
+
+def best_of(caps: dict[str, float]) -> float:
+    """The best baseline variant's capacity among ``caps`` (0 when none ran)."""
+    return max((caps[b] for b in BASELINES if b in caps), default=0.0)
+
+
+def _ratio(value: float, best: float) -> float:
+    return value / best if best else float("nan")
+
+
+@dataclass
+class AtCapacity:
+    """One policy run at its own capacity: is anything deferred past the trace's end?"""
+
+    result: SimResult
+    queued_s: float
+    total_s: float
+
+    @property
+    def queued_share(self) -> float:
+        return self.queued_s / self.total_s if self.total_s else float("nan")
 
 
 @dataclass
@@ -50,28 +95,53 @@ class Reproduction:
     capacity: dict[str, PolicyCapacity]
     common_scale: float
     at_common: dict[str, SimResult]
-    curve: dict[str, list[tuple[float, float]]]
+    curve: dict[str, list[tuple[float, float, float]]]
     studies: list[Study]
     slack: dict[str, float]
+    bound: WorkBound
+    at_own: dict[str, AtCapacity]
 
     @property
     def best_baseline(self) -> str:
         return max(BASELINES, key=lambda p: self.capacity[p].capacity_rps)
 
+    @property
+    def best_stream_baseline(self) -> str:
+        return max(BASELINES, key=lambda p: self.capacity[p].stream_capacity_rps)
+
     def ratio_vs_best_baseline(self) -> dict[str, float]:
         best = self.capacity[self.best_baseline].capacity_rps
-        return {p: c.capacity_rps / best if best else float("nan") for p, c in self.capacity.items()}
+        return {p: _ratio(c.capacity_rps, best) for p, c in self.capacity.items()}
+
+    def stream_ratio_vs_best_baseline(self) -> dict[str, float]:
+        best = self.capacity[self.best_stream_baseline].stream_capacity_rps
+        return {p: _ratio(c.stream_capacity_rps, best) for p, c in self.capacity.items()}
+
+    def headline(self) -> dict:
+        """The ``--json`` line: capacities and ratios under both attainments, and the bound."""
+        return {
+            "capacity_rps": {p: c.capacity_rps for p, c in self.capacity.items()},
+            "ratio_vs_best_baseline": self.ratio_vs_best_baseline(),
+            "stream_capacity_rps": {p: c.stream_capacity_rps for p, c in self.capacity.items()},
+            "stream_ratio_vs_best_baseline": self.stream_ratio_vs_best_baseline(),
+            "bound_rps": self.bound.rate_rps,
+        }
 
     def as_dict(self) -> dict:
         return {
             "trace": self.base.trace.name,
             "requests": len(self.base.trace),
-            "capacity_rps": {p: c.capacity_rps for p, c in self.capacity.items()},
-            "ratio_vs_best_baseline": self.ratio_vs_best_baseline(),
+            **self.headline(),
             "best_baseline": self.best_baseline,
+            "best_stream_baseline": self.best_stream_baseline,
+            "bound": asdict(self.bound),
+            "at_own_capacity": {p: {**a.result.summary.as_dict(), "queued_work_s": a.queued_s,
+                                    "queued_work_share": a.queued_share}
+                                for p, a in self.at_own.items()},
             "common_rate_rps": self.common_scale * self.base.trace.mean_rate,
             "at_common_rate": {p: r.summary.as_dict() for p, r in self.at_common.items()},
-            "sensitivity": {s.title: s.capacity for s in self.studies},
+            "sensitivity": {s.title: {"capacity_rps": s.capacity, "stream_capacity_rps": s.stream}
+                            for s in self.studies},
             "slack": self.slack,
         }
 
@@ -83,16 +153,30 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     caps = capacities({p: base.with_policy(p) for p in POLICIES}, processes=processes, progress=label)
     best = max(BASELINES, key=lambda p: caps[p].capacity_rps)
     common = caps[best].result.rate_scale
-    at_common = simulations({p: base.with_policy(p).at_rate(common) for p in POLICIES},
-                            processes=processes, progress=label)
+    runs = simulations({**{(p, "common"): base.with_policy(p).at_rate(common) for p in POLICIES},
+                        **{(p, "own"): base.with_policy(p).at_rate(caps[p].result.rate_scale)
+                           for p in POLICIES}},
+                       processes=processes, progress=label)
+    bound = work_bound(base.trace, base.cluster, base.params.max_seqs)
     curve = attainment_curves(base, caps, processes, label)
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
-    return Reproduction(base, caps, common, at_common, curve, studies, slack_budget(base))
+    return Reproduction(base, caps, common, {p: runs[(p, "common")] for p in POLICIES}, curve,
+                        studies, slack_budget(base), bound,
+                        {p: _at_capacity(runs[(p, "own")], bound) for p in POLICIES})
+
+
+def _at_capacity(run: SimResult, bound: WorkBound) -> AtCapacity:
+    """The work left when the last request arrives, priced like the bound."""
+    last = max(r.arrival for r in run.requests)
+    latency = run.experiment.cluster.reference
+    left, total = queued_work(run.requests, latency, bound.batch, last)
+    return AtCapacity(run, left, total)
 
 
 def attainment_curves(base: Experiment, caps: dict[str, PolicyCapacity], processes: int,
-                      label: str | None) -> dict[str, list[tuple[float, float]]]:
-    """Attainment of every policy on one grid of rates reaching past the largest capacity.
+                      label: str | None) -> dict[str, list[tuple[float, float, float]]]:
+    """(rate, attainment, stream attainment) of every policy on one grid of rates reaching
+    past the largest capacity.
 
     Runs stop once attainment is certain to stay under ``CURVE_FLOOR`` (deep overload), so the
     points under it are lower bounds; the rest are exact.
@@ -101,46 +185,56 @@ def attainment_curves(base: Experiment, caps: dict[str, PolicyCapacity], process
     scales = [top * (i + 1) / CURVE_POINTS for i in range(CURVE_POINTS)]
     grid = {(p, s): base.with_policy(p).at_rate(s) for p in POLICIES for s in scales}
     runs = simulations(grid, processes=processes, progress=label, stop_below=CURVE_FLOOR)
-    return {p: [(s * base.trace.mean_rate, runs[(p, s)].summary.attainment) for s in scales]
+    return {p: [(s * base.trace.mean_rate, runs[(p, s)].summary.attainment,
+                 runs[(p, s)].summary.stream_attainment) for s in scales]
             for p in POLICIES}
 
 
 def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callable[[str], Trace],
              processes: int, label: str | None) -> list[Study]:
-    """Every sensitivity variant as one batch of capacity searches."""
+    """Every sensitivity variant as one batch of capacity searches (on trace slices)."""
     small = replace(base, trace=slice_of(base.trace.name))
     jobs: dict[tuple[str, str, str], Experiment] = {}
-    jobs[("slack rule", "full trace", "tropical (banked slack)")] = replace(
-        base.with_policy("tropical"), params=_with_toggle(base.params, slack=SlackRule.BANKED))
+    for variant, changes in ABLATION.items():
+        jobs[("ablation", variant, "tropical")] = replace(
+            small.with_policy("tropical"), params=_with_toggle(small.params, **changes))
     for noise in (0.0, 0.1, 0.25):
-        for p in (*BASELINES, *TOGGLES) if noise == 0.0 else TOGGLES:
-            noisy = replace(small.with_policy(p), predictor_noise=noise)
-            jobs[("predictor noise", f"±{noise:.0%}", p)] = noisy
+        for p in POLICIES if noise == 0.0 else TOGGLES:
+            jobs[("predictor noise", f"±{noise:.0%}", p)] = replace(small.with_policy(p),
+                                                                  predictor_noise=noise)
     workers = len(base.cluster.workers)
     for prefill in range(1, workers):
-        for p in (*BASELINES, *TOGGLES):
-            if p in ("disagg", *TOGGLES) or prefill == workers // 2:
-                params = _with_toggle(small.params, num_prefill=prefill)
-                split = f"{prefill}:{workers - prefill}"
-                jobs[("role split", split, p)] = replace(small.with_policy(p), params=params)
+        for p in ("disagg", *TOGGLES):
+            params = _with_toggle(small.params, num_prefill=prefill)
+            jobs[("role split", f"{prefill}:{workers - prefill}", p)] = replace(
+                small.with_policy(p), params=params)
     for trace in ("synthetic", "azure-code"):
         for p in POLICIES:
             jobs[("trace", trace, p)] = replace(small.with_policy(p), trace=slice_of(trace))
-    for scale in (3.0, 10.0):
+    for name, slo in _slo_settings(base.slo).items():
         for p in POLICIES:
-            jobs[("SLO scale", f"{scale:g}x", p)] = replace(small.with_policy(p),
-                                                           slo=SLOSpec(ttft_scale=scale, tpot_scale=scale))
+            jobs[("SLO", name, p)] = replace(small.with_policy(p), slo=slo)
+    for p in POLICIES:
+        jobs[("lengths", f"x{SHORT_PROMPTS:g}", p)] = replace(
+            small.with_policy(p), trace=scale_lengths(small.trace, SHORT_PROMPTS))
     starts = {key: exp.at_rate(caps[_policy_of(key[2])].result.rate_scale) for key, exp in jobs.items()}
     found = capacities(starts, rel_tol=0.05, processes=processes, progress=label)
     studies: dict[str, Study] = {}
     for (title, variant, policy), cap in found.items():
-        studies.setdefault(title, Study(title)).capacity.setdefault(variant, {})[policy] = cap.capacity_rps
-    studies["slack rule"].capacity["full trace"].update(
-        {p: caps[p].capacity_rps for p in POLICIES})
-    _share_baselines(studies["predictor noise"], "±0%", BASELINES)
-    _share_baselines(studies["role split"], f"{workers // 2}:{workers - workers // 2}",
-                     ("colocated", "chunked"))
+        studies.setdefault(title, Study(title)).add(variant, policy, cap)
+    reference = f"±{0:.0%}"
+    _share_baselines(studies["ablation"], studies["predictor noise"], reference, BASELINES)
+    _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, BASELINES)
+    _share_baselines(studies["role split"], studies["predictor noise"], reference,
+                     tuple(b for b in BASELINES if b != "disagg"))
     return list(studies.values())
+
+
+def _slo_settings(slo: SLOSpec) -> dict[str, SLOSpec]:
+    """TPOT SLO tightened with TTFT kept, and both scales moved together."""
+    out = {f"TPOT {t:g}x, TTFT {slo.ttft_scale:g}x": replace(slo, tpot_scale=t) for t in TPOT_SCALES}
+    out.update({f"both {s:g}x": replace(slo, ttft_scale=s, tpot_scale=s) for s in (3.0, 10.0)})
+    return out
 
 
 def _with_toggle(params: PolicyParams, **changes: object) -> PolicyParams:
@@ -148,17 +242,18 @@ def _with_toggle(params: PolicyParams, **changes: object) -> PolicyParams:
 
 
 def _policy_of(label: str) -> str:
-    """The registered policy behind a study's column label ('tropical (banked slack)')."""
+    """The registered policy behind a study's column label."""
     return label.split(" ")[0]
 
 
-def _share_baselines(study: Study, source: str, policies: tuple[str, ...]) -> None:
-    """Copy capacities that a variant cannot change (baselines ignore predictions; colocated
-    workers have no roles) from ``source`` into every other variant, so each row has its own
-    best baseline."""
-    for caps in study.capacity.values():
-        for p in policies:
-            caps.setdefault(p, study.capacity[source][p])
+def _share_baselines(study: Study, source: Study, variant: str, policies: tuple[str, ...]) -> None:
+    """Copy capacities that a variant cannot change (baselines ignore predictions and the
+    toggle's knobs; colocated workers have no roles) from ``source``'s ``variant`` into every
+    variant of ``study``, so each row has its own best baseline."""
+    for table, origin in ((study.capacity, source.capacity), (study.stream, source.stream)):
+        for caps in table.values():
+            for p in policies:
+                caps.setdefault(p, origin[variant][p])
 
 
 def slack_budget(base: Experiment) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from tropical.core.gaps import GapHistogram
 from tropical.core.metrics import Summary, summarize
 from tropical.core.request import Request
 from tropical.core.slo import SLO, SLOMix, SLOSpec
@@ -100,5 +101,6 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     sim = Simulator(workers, policy, requests, exp.cluster.max_context, budget, exp.cluster.truth)
     sim.run()
     wall = time.perf_counter() - started
-    return SimResult(exp, summarize(requests), requests, [w.role for w in workers],
+    gaps = GapHistogram.merged(w.gaps.histogram for w in workers)
+    return SimResult(exp, summarize(requests, gaps), requests, [w.role for w in workers],
                      sim.stats, wall)

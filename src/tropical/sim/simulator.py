@@ -162,7 +162,7 @@ class Simulator:
             done = run.completed_by(self.now - flight.start)
             if done:
                 elapsed = run.elapsed(done)
-                self.cluster.advance(worker_id, done, flight.start + elapsed)
+                self.cluster.advance(worker_id, done, flight.start + elapsed, run.iteration(1), run.growth)
                 self.stats[worker_id].busy += elapsed
                 self.stats[worker_id].iterations += done
                 flight.start += elapsed
@@ -188,11 +188,12 @@ class Simulator:
         del self._flights[worker_id]
         stats = self.stats[worker_id]
         stats.busy += flight.end - flight.start
-        steps = 1 if flight.run is None else flight.run.steps
+        run = flight.run
+        steps, first, growth = (1, 0.0, 0.0) if run is None else (run.steps, run.iteration(1), run.growth)
         stats.iterations += steps
-        if flight.run is None:
+        if run is None:
             stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
-        booking = self.cluster.book(worker_id, flight.batch, self.now, steps)
+        booking = self.cluster.book(worker_id, flight.batch, self.now, steps, first=first, growth=growth)
         if booking.prefilled or booking.finished:
             self._count_misses(booking)
         if booking.effects:

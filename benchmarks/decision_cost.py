@@ -1,0 +1,91 @@
+"""Wall time of one toggle decision with many requests queued, per policy.
+
+Usage: python benchmarks/decision_cost.py [--queued 1000] [--decisions 2000] [--json]
+Builds the paper cluster (2 prefill + 2 multiplexing workers of InternLM2-20B), queues
+``--queued`` conversation-trace requests on the prefill workers, puts a decoding batch on each
+multiplexing worker, then times ``on_arrival`` and ``on_iteration_end`` calls (the two moments
+the toggle decides) and reports their P50/P99 in microseconds, side by side in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from tropical.config import SimConfig
+from tropical.core.request import Request
+from tropical.report.tables import render
+from tropical.sched.registry import make_policy
+from tropical.sched.rules import Role
+from tropical.sched.worker import WorkerState
+from tropical.sim.build import experiment
+from tropical.sim.run import Experiment, make_requests
+
+DECODING = 32
+
+
+def loaded_cluster(exp: Experiment, queued: int) -> tuple[object, list[WorkerState], list[Request]]:
+    """The policy and its workers with ``queued`` prompts waiting and up to ``DECODING``
+    requests decoding on each multiplexing worker (those whose KV fits)."""
+    policy = make_policy(exp.policy, exp.params)
+    workers = exp.cluster.build(policy)
+    requests = make_requests(exp)
+    prefill = [w for w in workers if w.role is Role.PREFILL]
+    decoding = [w for w in workers if w.role is Role.MULTIPLEX]
+    for i, req in enumerate(requests[:queued]):
+        prefill[i % len(prefill)].enqueue(req)
+    rest = iter(requests[queued:])
+    for worker in decoding:
+        while worker.batch_size < DECODING:
+            req = next(rest)
+            if worker.can_hold(req):
+                worker.enqueue(req)
+                worker.reserve(req)
+                worker.complete_prefill(req, req.prompt_len, 0.0)
+    return policy, workers, list(rest)
+
+
+def timed(call: Callable[[], object], count: int) -> np.ndarray:
+    samples = np.empty(count)
+    for i in range(count):
+        started = time.perf_counter()
+        call()
+        samples[i] = time.perf_counter() - started
+    return samples * 1e6
+
+
+def measure(exp: Experiment, queued: int, decisions: int) -> dict[str, float]:
+    policy, workers, fresh = loaded_cluster(exp, queued)
+    arrivals = iter(fresh)
+    now = max(r.arrival for r in fresh[:1]) if fresh else 0.0
+    arrive = timed(lambda: policy.on_arrival(next(arrivals), now, workers), min(decisions, len(fresh)))
+    ends = timed(lambda: policy.on_iteration_end(workers[-1], now, workers), decisions)
+    return {"arrival_p50_us": float(np.percentile(arrive, 50)),
+            "arrival_p99_us": float(np.percentile(arrive, 99)),
+            "iteration_end_p50_us": float(np.percentile(ends, 50)),
+            "iteration_end_p99_us": float(np.percentile(ends, 99))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queued", type=int, default=1000)
+    parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--policies", default="tropical,tropical+")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    base = experiment(SimConfig().with_preset())
+    out = {p: measure(base.with_policy(p), args.queued, args.decisions) for p in args.policies.split(",")}
+    if args.json:
+        print(json.dumps({"queued": args.queued, "decision_us": out}))
+        return
+    rows = [[p, *(f"{v:.0f}" for v in m.values())] for p, m in out.items()]
+    print(f"decision cost with {args.queued} queued requests (µs, {args.decisions} decisions each)")
+    print(render(["policy", "arrival P50", "arrival P99", "iteration end P50", "iteration end P99"], rows))
+
+
+if __name__ == "__main__":
+    main()

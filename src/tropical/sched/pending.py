@@ -1,0 +1,43 @@
+"""Prompts promised to a multiplexing worker's coming iterations, as the sums the toggle checks.
+
+The toggle tries many candidates per scheduling round against the same worker; keeping the
+promised prompts as running sums (count, prompt tokens, KV still to reserve, KV at their
+longest, and their prefill shape) makes each try O(1) instead of a pass over the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from tropical.core.latency.shape import BatchShape
+from tropical.core.request import Request
+from tropical.sched.worker import WorkerState
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Sums over the prompts queued on, or promised to, one worker."""
+
+    count: int = 0
+    tokens: int = 0
+    kv_new: int = 0
+    peak: int = 0
+    shape: BatchShape = BatchShape()
+
+    @classmethod
+    def of(cls, worker: WorkerState, requests: Iterable[Request]) -> Pending:
+        pending = cls()
+        for req in requests:
+            pending = pending.plus(req, worker)
+        return pending
+
+    def plus(self, req: Request, worker: WorkerState) -> Pending:
+        """These prompts and ``req``, bound for ``worker``."""
+        reserve = 0 if req.id in worker.holds else worker.kv_tokens_needed(req)
+        return Pending(self.count + 1, self.tokens + req.remaining_prompt, self.kv_new + reserve,
+                       self.peak + req.kv_tokens, self.shape.plus_prefill(req.remaining_prompt, req.computed))
+
+    def with_decodes(self, count: int, context: int) -> BatchShape:
+        """One iteration running all these prompts whole beside ``count`` decodes."""
+        return replace(self.shape, decode_count=count, decode_context=context)

@@ -1,0 +1,103 @@
+"""The work bound: the request rate at which a cluster would be busy all the time.
+
+Each request costs its prefill alone on an idle worker plus its share of decode iterations at
+the largest batch KV allows (the iteration's fixed cost split over the batch, its own context's
+cost in full), with no interference and no migration: the same latency model the simulator
+prices iterations with. No policy can serve a trace faster in steady state; on a finite trace a
+policy can pass it only by leaving work queued when the last request arrives, which
+``queued_work`` measures from the requests' recorded times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tropical.core.latency.model import LatencyModel, prefill_time
+from tropical.core.request import Request
+from tropical.sim.cluster import ClusterSpec
+from tropical.workload.trace import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Seconds of one worker's time a request needs, by phase."""
+
+    prefill: float
+    decode: float
+
+    @property
+    def total(self) -> float:
+        return self.prefill + self.decode
+
+
+@dataclass(frozen=True, slots=True)
+class WorkBound:
+    """The bound and what it is made of (means per request, on the reference worker)."""
+
+    rate_rps: float
+    prefill_s: float
+    decode_s: float
+    batch: int
+    workers: int
+
+    def share(self, rate_rps: float) -> float:
+        """A rate as a fraction of the bound."""
+        return rate_rps / self.rate_rps if self.rate_rps > 0 else float("nan")
+
+
+def request_work(latency: LatencyModel, prompt: int, output: int, batch: int) -> Work:
+    """One request's work on a worker decoding ``batch`` requests at a time."""
+    intercept, slope = latency.decode_line(batch)
+    tokens = output - 1
+    decode = tokens * (intercept / batch + slope * (prompt + output / 2)) if tokens > 0 else 0.0
+    return Work(prefill_time(latency, prompt), decode)
+
+
+def full_batch(trace: Trace, kv_tokens: int, max_seqs: int) -> int:
+    """The largest decode batch a worker's KV holds for this trace's mean request."""
+    mean_kv = sum(e.input_len + e.output_len - 1 for e in trace.entries) / len(trace)
+    return max(1, min(max_seqs, int(kv_tokens // mean_kv)))
+
+
+def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int) -> WorkBound:
+    """Requests per second the cluster would serve if every worker were always busy."""
+    if not len(trace):
+        raise ValueError("the work bound needs a trace with requests")
+    rate, parts = 0.0, []
+    for spec in cluster.workers:
+        batch = full_batch(trace, spec.kv_capacity_tokens, max_seqs)
+        works = [request_work(spec.latency, e.input_len, e.output_len, batch) for e in trace.entries]
+        rate += len(works) / sum(w.total for w in works)
+        parts.append((works, batch))
+    works, batch = parts[0]
+    return WorkBound(rate, sum(w.prefill for w in works) / len(works),
+                     sum(w.decode for w in works) / len(works), batch, len(cluster.workers))
+
+
+def queued_work(requests: Sequence[Request], latency: LatencyModel, batch: int,
+                at: float) -> tuple[float, float]:
+    """Work still to do at time ``at`` and all the work, in seconds of one worker.
+
+    A phase under way counts the part of it not yet elapsed (linear in time); a failed request
+    counts whole, as it was never served.
+    """
+    left = total = 0.0
+    for req in requests:
+        work = request_work(latency, req.prompt_len, req.output_len, batch)
+        total += work.total
+        if req.error is not None:
+            left += work.total
+            continue
+        left += work.prefill * _undone(req.prefill_start, req.first_token, at)
+        left += work.decode * _undone(req.first_token, req.finish, at)
+    return left, total
+
+
+def _undone(start: float | None, end: float | None, at: float) -> float:
+    """Fraction of the phase from ``start`` to ``end`` still ahead at ``at``."""
+    if end is None or start is None or at <= start:
+        return 1.0
+    if at >= end or end <= start:
+        return 0.0
+    return (end - at) / (end - start)

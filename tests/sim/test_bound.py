@@ -1,0 +1,35 @@
+import pytest
+
+from tests.factories import linear_model, make_request
+from tests.sim.test_simulator import cluster
+from tropical.core.latency.model import prefill_time
+from tropical.sim.bound import full_batch, queued_work, request_work, work_bound
+from tropical.workload.trace import Trace, TraceEntry
+
+
+def test_request_work_is_its_prefill_plus_its_share_of_full_batches():
+    model = linear_model()
+    work = request_work(model, prompt=1000, output=11, batch=10)
+    intercept, slope = model.decode_line(10)
+    assert work.prefill == pytest.approx(prefill_time(model, 1000))
+    assert work.decode == pytest.approx(10 * (intercept / 10 + slope * (1000 + 5.5)))
+
+
+def test_bound_is_workers_over_mean_work_with_the_batch_kv_allows():
+    trace = Trace("t", tuple(TraceEntry(float(i), 1000, 11) for i in range(4)))
+    assert full_batch(trace, kv_tokens=10_100, max_seqs=256) == 10
+    bound = work_bound(trace, cluster(num_workers=2, kv_tokens=10_100), max_seqs=256)
+    per_request = request_work(linear_model(), 1000, 11, 10).total
+    assert bound.rate_rps == pytest.approx(2 / per_request)
+    assert bound.share(bound.rate_rps / 2) == pytest.approx(0.5)
+
+
+def test_queued_work_counts_what_is_left_of_each_phase():
+    model = linear_model()
+    done, half, untouched = make_request(0), make_request(1), make_request(2)
+    done.prefill_start, done.first_token, done.finish = 0.0, 1.0, 2.0
+    half.prefill_start, half.first_token, half.finish = 0.0, 1.0, 3.0     # decode half done at 2
+    work = request_work(model, 100, 10, 4)
+    left, total = queued_work([done, half, untouched], model, 4, at=2.0)
+    assert total == pytest.approx(3 * work.total)
+    assert left == pytest.approx(work.decode / 2 + work.total)

@@ -62,7 +62,7 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_one_policy_live_and_simulated(tmp_path: Path, profile: str) -> None:
     cfg = FidelityConfig(profile, SHAPE, policies=("tropical",), limit=8, rate_scale=10.0, length_scale=0.02)
-    comparison, real = run_policy(cfg, "tropical", tmp_path)
+    comparison, real = run_policy(cfg, "tropical", tmp_path / "serve.log")
     assert comparison.real.completed == comparison.adjusted.completed == 8
     result = comparison.as_dict()
     assert set(result["relative_error"]) == set(METRICS)

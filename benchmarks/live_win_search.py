@@ -1,0 +1,96 @@
+"""Search, in the simulator, for a setting at this machine's scale where tropical+ beats the best
+baseline's goodput by a margin worth checking live (issue 15, point 4).
+
+Each setting (trace, rate scale, length scale, SLOs) is planned exactly as `tropical fidelity`
+plans it and run through the same twin of a 2-worker server, on the engine's measured profile
+plus the serving overheads a live run measured (per-iteration and front-end, flags below). A
+setting counts only if the ratio also holds at 0.8x and 1.25x its rate, so a live server a little
+faster or slower than the model still sits inside the winning region.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/live_win_search.py --profile docs/fidelity/profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import asdict, dataclass
+
+from tropical.bench.plan import plan_requests
+from tropical.calibration.store import load_profile
+from tropical.core.latency.adjusted import AdjustedModel
+from tropical.core.metrics import goodput, summarize
+from tropical.core.slo import SLO
+from tropical.fidelity.report import BASELINES, TOGGLE
+from tropical.fidelity.twin import ServerShape, simulate_twin
+from tropical.workload.catalog import load_slice
+
+POLICIES = (*BASELINES, "tropical", TOGGLE)
+NEIGHBOURS = (0.8, 1.25)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    trace: str
+    rate_scale: float
+    length_scale: float
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+
+
+def simulate(setting: Setting, args: argparse.Namespace,
+             latency: AdjustedModel) -> dict[str, dict[str, float]]:
+    """Goodput and attainment of every policy at ``setting``."""
+    trace = load_slice(setting.trace, args.limit, length_scale=setting.length_scale)
+    planned = plan_requests(trace, setting.rate_scale, args.max_model_len)
+    shape = ServerShape(args.kv_tokens, 16, args.max_model_len, args.max_batched_tokens)
+    slo = SLO(setting.slo_ttft_ms / 1e3, setting.slo_tpot_ms / 1e3)
+    out = {}
+    for policy in POLICIES:
+        done = simulate_twin(planned, slo, policy, shape, latency, args.frontend_ms / 1e3)
+        out[policy] = {"goodput_rps": goodput(done), "attainment": summarize(done).attainment}
+    return out
+
+
+def win(result: dict[str, dict[str, float]]) -> float:
+    """tropical+'s goodput over the best baseline's."""
+    best = max(result[b]["goodput_rps"] for b in BASELINES)
+    return result[TOGGLE]["goodput_rps"] / best if best > 0 else float("inf")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--traces", default="conversation,azure-code")
+    parser.add_argument("--rate-scales", default="0.1,0.15,0.2,0.3")
+    parser.add_argument("--length-scales", default="0.02,0.05,0.1")
+    parser.add_argument("--slo-ttft-ms", default="1000,2000,3000")
+    parser.add_argument("--slo-tpot-ms", default="150,200,300")
+    parser.add_argument("--limit", type=int, default=150)
+    parser.add_argument("--kv-tokens", type=int, default=16384)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-batched-tokens", type=int, default=1024)
+    parser.add_argument("--overhead-ms", type=float, default=1.5, help="router overhead per iteration")
+    parser.add_argument("--frontend-ms", type=float, default=9.0, help="HTTP/API latency per request")
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args()
+    latency = AdjustedModel(load_profile(args.profile), 1.0, args.overhead_ms / 1e3)
+    grid = itertools.product(args.traces.split(","), *(map(float, getattr(args, k).split(",")) for k in
+                             ("rate_scales", "length_scales", "slo_ttft_ms", "slo_tpot_ms")))
+    rows = []
+    for values in grid:
+        setting = Setting(*values)
+        result = simulate(setting, args, latency)
+        nearby = [win(simulate(Setting(setting.trace, setting.rate_scale * f, *values[2:]), args, latency))
+                  for f in NEIGHBOURS] if win(result) >= 1.3 else []
+        rows.append({**asdict(setting), "win": win(result), "worst_nearby_win": min(nearby, default=0.0),
+                     "best_baseline_attainment": max(result[b]["attainment"] for b in BASELINES),
+                     "policies": result})
+    robust = [r for r in rows if r["win"] >= 1.3 and r["worst_nearby_win"] >= 1.3]
+    robust.sort(key=lambda r: -r["best_baseline_attainment"])
+    print(json.dumps({"settings": len(rows), "robust_wins": len(robust), "top": robust[:args.top]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

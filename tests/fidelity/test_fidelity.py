@@ -70,6 +70,8 @@ def test_one_policy_live_and_simulated(tmp_path: Path, profile: str) -> None:
     assert result["adjustment"]["compute_scale"] > 0 and result["adjustment"]["iteration_overhead_s"] >= 0
     assert result["adjustment"]["frontend_s"] >= 0
     assert len(real.planned) == 8
+    assert result["paths"]["compared"] == 8, "every request's x-tropical-path is compared with the twin's"
+    assert result["sim_goodput_rps"] > 0
 
 
 def test_frontend_latency_adds_to_ttft_not_tpot() -> None:

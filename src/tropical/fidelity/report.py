@@ -98,6 +98,13 @@ def toggle_line(policies: Sequence[PolicyRepeats]) -> str:
             f"simulated {simulated} (best baseline {best_sim.policy}).")
 
 
+def spread_line(policies: Sequence[PolicyRepeats]) -> str:
+    """How far apart the repeats' P90 TTFT landed, (max - min) / mean per policy (the slice is
+    large enough when this stays under 10%)."""
+    widths = ", ".join(f"{p.policy} {_share(p.real()['ttft_p90_s'].relative_width)}" for p in policies)
+    return f"Repeat spread of P90 TTFT, (max - min) / mean: {widths}."
+
+
 def report(policies: Sequence[PolicyRepeats]) -> str:
     repeats = min(len(p.runs) for p in policies)
     numbers = sum(1 for p in policies for m in METRICS if not math.isnan(p.errors()[m]))
@@ -109,6 +116,7 @@ def report(policies: Sequence[PolicyRepeats]) -> str:
         numbers_table(policies), "",
         f"Median absolute error over the {numbers} latency and attainment numbers: "
         f"{_share(median_abs_error(policies))}; within 20%: {_within(policies, 0.2)} of {numbers}.",
+        spread_line(policies),
         f"Path agreement: {paths.same} of {paths.compared} requests ({_share(path_agreement(policies))}) "
         "took the same path live and in the twin.", "",
         paths_table(policies), "",

@@ -80,3 +80,8 @@ def test_frontend_latency_adds_to_ttft_not_tpot() -> None:
     slow = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model(), frontend=0.25)[0]
     assert ttft(slow) == pytest.approx(ttft(bare) + 0.25) and tpot(slow) == pytest.approx(tpot(bare))
     assert slow.arrival == 0.0
+
+
+def test_a_study_needs_at_least_one_repeat() -> None:
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        FidelityConfig("profile.json", SHAPE, repeats=0)

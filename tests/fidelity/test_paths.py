@@ -16,8 +16,8 @@ def twin_request(rid: int, arrival: float, path: Path, worker: int, reason: str 
     return req
 
 
-def measured(rid: int, path: str | None, worker: str | None = "0") -> Measurement:
-    return Measurement(rid, 100, 10, path=path, prefill_worker=worker)
+def measured(rid: int, path: str | None, worker: str | None = "0", reason: str | None = None) -> Measurement:
+    return Measurement(rid, 100, 10, path=path, prefill_worker=worker, reason=reason)
 
 
 def test_agreement_counts_requests_with_a_path_header_and_names_the_earliest_divergence() -> None:
@@ -25,14 +25,15 @@ def test_agreement_counts_requests_with_a_path_header_and_names_the_earliest_div
             twin_request(1, 2.0, Path.MULTIPLEX, 1, "fits TPOT slack on worker 1"),
             twin_request(2, 1.0, Path.FALLBACK, 0, "no worker meets TTFT"),
             twin_request(3, 3.0, Path.PREFILL_WORKER, 0)]
-    real = [measured(0, "prefill"), measured(1, "prefill"), measured(2, "multiplex", "1"), measured(3, None)]
+    real = [measured(0, "prefill"), measured(1, "prefill"), measured(2, "multiplex", "1", "multiplexed"),
+            measured(3, None)]
     result = compare_paths(real, twin)
     assert (result.compared, result.same) == (3, 1) and math.isclose(result.agreement, 1 / 3)
     first = result.first_divergence
     assert first is not None
     assert (first.id, first.real_path, first.real_prefill_worker) == (2, "multiplex", "1")
     assert (first.sim_path, first.sim_prefill_worker) == ("fallback", 0)
-    assert first.sim_reason == "no worker meets TTFT"
+    assert (first.real_reason, first.sim_reason) == ("multiplexed", "no worker meets TTFT")
 
 
 def test_identical_paths_have_no_divergence_and_no_headers_no_share() -> None:

@@ -17,7 +17,8 @@ from tropical.core.request import Request
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
-    """One request whose real and simulated paths differ, with the twin's reason for its choice."""
+    """One request whose real and simulated paths differ, with each side's reason for its choice
+    (the toggle's reasons carry its predicted TTFT, so they show how far the two states had drifted)."""
 
     id: int
     arrival_s: float
@@ -25,6 +26,7 @@ class Divergence:
     sim_path: str
     real_prefill_worker: str | None
     sim_prefill_worker: int | None
+    real_reason: str | None
     sim_reason: str
 
 
@@ -58,7 +60,7 @@ def compare_paths(measured: Sequence[Measurement], twin: Sequence[Request]) -> P
     if differ:
         m, r = min(differ, key=lambda pair: (pair[1].arrival, pair[1].id))
         first = Divergence(r.id, r.arrival, str(m.path), r.path.value, m.prefill_worker, r.prefill_worker,
-                           r.reason)
+                           m.reason, r.reason)
     return PathComparison(len(pairs), len(pairs) - len(differ), first)
 
 

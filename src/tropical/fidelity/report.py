@@ -50,18 +50,18 @@ def numbers_table(policies: Sequence[PolicyRepeats]) -> str:
 
 def paths_table(policies: Sequence[PolicyRepeats]) -> str:
     headers = ["policy", "same path", "first differing request (arrival)", "real path (prefill worker)",
-               "twin's path (prefill worker)", "twin's reason"]
+               "twin's path (prefill worker)", "server's reason", "twin's reason"]
     rows = []
     for p in policies:
         paths = p.paths()
         d = paths.first_divergence
         same = f"{paths.same} of {paths.compared} ({_share(paths.agreement)})"
         if d is None:
-            rows.append([p.policy, same, "none", "", "", ""])
+            rows.append([p.policy, same, "none", "", "", "", ""])
         else:
             rows.append([p.policy, same, f"#{d.id} ({d.arrival_s:.2f} s)",
                          f"{d.real_path} ({d.real_prefill_worker})", f"{d.sim_path} ({d.sim_prefill_worker})",
-                         d.sim_reason or "-"])
+                         d.real_reason or "-", d.sim_reason or "-"])
     return markdown_table(headers, rows)
 
 

@@ -2,8 +2,10 @@
 baseline's goodput by a margin worth checking live (issue 15, point 4).
 
 Each setting (trace, rate scale, length scale, SLOs) is planned exactly as `tropical fidelity`
-plans it and run through the same twin of a 2-worker server, on the engine's measured profile
-plus the serving overheads a live run measured (per-iteration and front-end, flags below). A
+plans it (the same bench config: requests sharing a trace timestamp spread over its tick) and run
+through the same twin of a 2-worker server: the policy predicts with the engine's measured
+profile, as the server does, and iterations take that profile's time plus the serving overheads
+a live run measured (per-iteration and front-end, flags below). A
 setting counts only if the ratio also holds at 0.8x and 1.25x its rate and with every iteration
 1.25x slower, so a live server a little off the model still sits inside the winning region.
 
@@ -18,13 +20,13 @@ import json
 from dataclasses import asdict, dataclass
 
 from tropical.bench.plan import plan_requests
+from tropical.bench.run import workload
 from tropical.calibration.store import load_profile
 from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.metrics import goodput, span, summarize
-from tropical.core.slo import SLO
 from tropical.fidelity.report import BASELINES, TOGGLE
+from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
-from tropical.workload.catalog import load_slice
 
 POLICIES = (*BASELINES, "tropical", TOGGLE)
 NEIGHBOURS = ((0.8, 1.0), (1.25, 1.0), (1.0, 1.25))  # (rate factor, compute factor)
@@ -42,13 +44,16 @@ class Setting:
 def simulate(setting: Setting, args: argparse.Namespace,
              latency: AdjustedModel) -> dict[str, dict[str, float]]:
     """Goodput, attainment, P90s and duration of every policy at ``setting``."""
-    trace = load_slice(setting.trace, args.limit, length_scale=setting.length_scale)
-    planned = plan_requests(trace, setting.rate_scale, args.max_model_len)
     shape = ServerShape(args.kv_tokens, 16, args.max_model_len, args.max_batched_tokens)
-    slo = SLO(setting.slo_ttft_ms / 1e3, setting.slo_tpot_ms / 1e3)
+    study = FidelityConfig("", shape, trace=setting.trace, limit=args.limit, rate_scale=setting.rate_scale,
+                           length_scale=setting.length_scale, slo_ttft_ms=setting.slo_ttft_ms,
+                           slo_tpot_ms=setting.slo_tpot_ms)
+    bench = study.bench(url="")
+    planned = plan_requests(workload(bench), setting.rate_scale, args.max_model_len)
+    slo = bench.slo
     out = {}
     for policy in POLICIES:
-        done = simulate_twin(planned, slo, policy, shape, latency, args.frontend_ms / 1e3)
+        done = simulate_twin(planned, slo, policy, shape, latency, args.frontend_ms / 1e3, latency.base)
         s = summarize(done)
         out[policy] = {"goodput_rps": goodput(done), "attainment": s.attainment, "span_s": span(done),
                        "ttft_p90_s": s.ttft.p90, "tpot_p90_s": s.tpot.p90}

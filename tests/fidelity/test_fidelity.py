@@ -14,6 +14,7 @@ from tropical.cli import main
 from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import tpot, ttft
+from tropical.core.request import Path as RequestPath
 from tropical.core.slo import SLO
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS
@@ -96,3 +97,14 @@ def test_frontend_latency_adds_to_ttft_not_tpot() -> None:
 def test_a_study_needs_at_least_one_repeat() -> None:
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         FidelityConfig("profile.json", SHAPE, repeats=0)
+
+
+def test_twin_decides_with_the_servers_predictor_but_runs_at_the_measured_speed() -> None:
+    planned = [PlannedRequest(0, 0.0, 400, 5)]
+    slo, slow = SLO(0.2, 0.5), AdjustedModel(linear_model(), scale=10.0)
+    bare = simulate_twin(planned, slo, "tropical", SHAPE, linear_model())[0]
+    judged_slow = simulate_twin(planned, slo, "tropical", SHAPE, slow)[0]
+    twin = simulate_twin(planned, slo, "tropical", SHAPE, slow, predictor=linear_model())[0]
+    assert bare.path is RequestPath.PREFILL_WORKER and judged_slow.path is not RequestPath.PREFILL_WORKER
+    assert twin.path is bare.path and twin.reason == bare.reason
+    assert ttft(twin) > 5 * ttft(bare), "the twin still runs at the measured (10x slower) speed"

@@ -62,7 +62,7 @@ def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison,
     adjustment = adjusted(profile, totals)
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
     bare = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, profile)
-    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, adjustment, frontend)
+    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, adjustment, frontend, profile)
     paths = compare_paths(real.measurements, modeled)
     return Comparison(policy, real.summary.core, summarize(bare), summarize(modeled), adjustment, frontend,
                       real.summary.goodput_rps, goodput(modeled), paths), real

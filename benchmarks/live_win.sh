@@ -21,4 +21,4 @@ OUT=${OUT:-docs/fidelity}
 exec "$TROPICAL" fidelity --model smollm2 --profile "$PROFILE" --threads 1 \
   --policies colocated,chunked,disagg,tropical,tropical+ --trace conversation --limit 150 \
   --rate-scale 0.3 --length-scale 0.05 --max-model-len 2048 --slo-ttft-ms 3000 --slo-tpot-ms 300 \
-  --repeats "$REPEATS" --out "$OUT" "$@"
+  --kv-tokens 16384 --max-batched-tokens 2048 --repeats "$REPEATS" --out "$OUT" "$@"

@@ -18,7 +18,7 @@ from tropical.fidelity.twin import ServerShape
 
 
 def add_fidelity_options(parser: argparse.ArgumentParser) -> None:
-    d = FidelityConfig(profile="", shape=ServerShape(16384, 16, 1024, 2048))
+    d = FidelityConfig(profile="")
     parser.add_argument("--model", default=d.model)
     parser.add_argument("--profile", help="the engine's latency profile (default: measure one now)")
     parser.add_argument("--profile-grid", default="medium", choices=["quick", "medium", "full"],

@@ -21,19 +21,22 @@ from tropical.serve.process import ServerProcess
 
 @dataclass(frozen=True)
 class FidelityConfig:
-    """One study: the model and its profile, the server's shape, the workload, the policies."""
+    """One study: the model and its profile, the server's shape, the workload, the policies.
+    The defaults are the published study (docs/fidelity.md), so `tropical fidelity --profile P
+    --repeats 3` reruns it."""
 
     profile: str
-    shape: ServerShape
-    model: str = "tiny-random"
+    shape: ServerShape = ServerShape(kv_tokens=16384, block_size=16, max_model_len=2048,
+                                     max_batched_tokens=2048)
+    model: str = "smollm2"
     threads: int = 1
     policies: tuple[str, ...] = ("colocated", "chunked", "disagg", "tropical", "tropical+")
     trace: str = "conversation"
     limit: int = 150
-    rate_scale: float = 1.0
+    rate_scale: float = 0.3
     length_scale: float = 0.05
-    slo_ttft_ms: float = 2000.0
-    slo_tpot_ms: float = 200.0
+    slo_ttft_ms: float = 3000.0
+    slo_tpot_ms: float = 300.0
     seed: int = 0
     repeats: int = 1
 

@@ -30,7 +30,8 @@ def test_ranking_checks_only_pairs_the_live_spread_separates() -> None:
 def test_toggle_ratio_against_the_best_baseline_live_and_simulated() -> None:
     policies = [repeats("chunked", [1.0, 1.2], 1.0), repeats("tropical+", [1.5, 1.7], 1.4)]
     line = toggle_line(policies)
-    assert "live 1.45x (best baseline chunked; tropical+'s lowest repeat above its highest)" in line
+    assert "live 1.45x (best baseline chunked;" in line
+    assert "tropical+'s lowest repeat above the baseline's highest" in line
     assert "simulated 1.40x" in line
     assert "no toggle ratio" in toggle_line(policies[:1])
 

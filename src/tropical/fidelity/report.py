@@ -94,7 +94,7 @@ def toggle_line(policies: Sequence[PolicyRepeats]) -> str:
     simulated = _ratio(toggle.sim()[GOODPUT], best_sim.sim()[GOODPUT])
     separated = toggle.real()[GOODPUT].low > best_real.real()[GOODPUT].high
     return (f"{TOGGLE} goodput / best baseline's: live {live} (best baseline {best_real.policy}; "
-            f"{TOGGLE}'s lowest repeat {'above' if separated else 'not above'} its highest), "
+            f"{TOGGLE}'s lowest repeat {'above' if separated else 'not above'} the baseline's highest), "
             f"simulated {simulated} (best baseline {best_sim.policy}).")
 
 

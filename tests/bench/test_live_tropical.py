@@ -23,4 +23,5 @@ def test_bench_measures_our_server(tmp_path: Path, capsys) -> None:
     assert all(sum(line["chunk_tokens"]) == line["completion_tokens"] for line in lines)
     paths = ("prefill", "multiplex", "fallback")
     assert all(line["path"] in paths and "prefill_worker" in line for line in lines)
+    assert all(line["reason"] for line in lines), "the toggle's reason for each path is recorded"
     assert "Traceback" not in served

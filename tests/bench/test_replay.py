@@ -86,11 +86,12 @@ def test_a_chunk_stating_zero_tokens_is_no_token_chunk(fake_server):
 
 
 def test_the_servers_path_headers_are_recorded_when_sent(fake_server):
-    headers = {"x-tropical-path": "multiplex", "x-tropical-prefill-worker": "1"}
+    headers = {"x-tropical-path": "multiplex", "x-tropical-prefill-worker": "1",
+               "x-tropical-reason": "TTFT at risk"}
     [m] = run(fake_server(Script(first_delay=0.0, gap=0.0, headers=headers)), [one(output=2)])
-    assert (m.path, m.prefill_worker) == ("multiplex", "1")
+    assert (m.path, m.prefill_worker, m.reason) == ("multiplex", "1", "TTFT at risk")
     [plain] = run(fake_server(Script(first_delay=0.0, gap=0.0)), [one(output=2)])
-    assert (plain.path, plain.prefill_worker) == (None, None)
+    assert (plain.path, plain.prefill_worker, plain.reason) == (None, None, None)
 
 
 def test_requests_are_sent_at_their_scaled_arrival_times(fake_server):

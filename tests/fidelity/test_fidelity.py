@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -9,14 +10,16 @@ import pytest
 
 from tests.factories import linear_model
 from tropical.bench.plan import PlannedRequest
+from tropical.cli import main
 from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import tpot, ttft
+from tropical.core.request import Path as RequestPath
 from tropical.core.slo import SLO
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS
 from tropical.fidelity.overheads import adjusted, frontend_latency
-from tropical.fidelity.run import FidelityConfig, run_policy
+from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
 
 SHAPE = ServerShape(kv_tokens=4096, block_size=16, max_model_len=512, max_batched_tokens=256)
@@ -60,16 +63,27 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def test_one_policy_live_and_simulated(tmp_path: Path, profile: str) -> None:
-    cfg = FidelityConfig(profile, SHAPE, policies=("tropical",), limit=8, rate_scale=10.0, length_scale=0.02)
-    comparison, real = run_policy(cfg, "tropical", tmp_path)
-    assert comparison.real.completed == comparison.adjusted.completed == 8
-    result = comparison.as_dict()
-    assert set(result["relative_error"]) == set(METRICS)
-    assert not math.isnan(result["relative_error"]["ttft_p50_s"])
-    assert result["adjustment"]["compute_scale"] > 0 and result["adjustment"]["iteration_overhead_s"] >= 0
-    assert result["adjustment"]["frontend_s"] >= 0
-    assert len(real.planned) == 8
+def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, profile: str, capsys) -> None:
+    """One repeat keeps CI fast (each repeat starts a server); repeats are specified in test_repeats."""
+    out = tmp_path / "fid"
+    code = main(["fidelity", "--model", "tiny-random", "--profile", profile, "--policies", "tropical",
+                 "--limit", "8", "--repeats", "1", "--rate-scale", "10", "--length-scale", "0.02",
+                 "--kv-tokens", "4096", "--max-model-len", "512", "--max-batched-tokens", "256",
+                 "--out", str(out), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and json.loads((out / "fidelity.json").read_text()) == document
+    assert document["path_agreement"] is not None and document["median_abs_error"] is not None
+    [policy] = document["policies"]
+    assert policy["repeats"] == 1 and len(policy["runs"]) == 1
+    assert policy["paths"]["compared"] == 8, "every request's x-tropical-path is compared with the twin's"
+    ttft = policy["real"]["ttft_p50_s"]
+    assert ttft["min"] <= ttft["mean"] <= ttft["max"] and set(policy["sim_within_spread"]) >= set(METRICS)
+    run = policy["runs"][0]
+    assert run["real_completed"] == 8 and not math.isnan(run["relative_error"]["ttft_p50_s"])
+    assert run["adjustment"]["compute_scale"] > 0 and run["adjustment"]["iteration_overhead_s"] >= 0
+    assert run["adjustment"]["frontend_s"] >= 0 and run["sim_goodput_rps"] > 0
+    assert (out / "tropical" / "1" / "requests.jsonl").exists()
+    assert "Path agreement" in (out / "fidelity.md").read_text()
 
 
 def test_frontend_latency_adds_to_ttft_not_tpot() -> None:
@@ -78,3 +92,19 @@ def test_frontend_latency_adds_to_ttft_not_tpot() -> None:
     slow = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model(), frontend=0.25)[0]
     assert ttft(slow) == pytest.approx(ttft(bare) + 0.25) and tpot(slow) == pytest.approx(tpot(bare))
     assert slow.arrival == 0.0
+
+
+def test_a_study_needs_at_least_one_repeat() -> None:
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        FidelityConfig("profile.json", SHAPE, repeats=0)
+
+
+def test_twin_decides_with_the_servers_predictor_but_runs_at_the_measured_speed() -> None:
+    planned = [PlannedRequest(0, 0.0, 400, 5)]
+    slo, slow = SLO(0.2, 0.5), AdjustedModel(linear_model(), scale=10.0)
+    bare = simulate_twin(planned, slo, "tropical", SHAPE, linear_model())[0]
+    judged_slow = simulate_twin(planned, slo, "tropical", SHAPE, slow)[0]
+    twin = simulate_twin(planned, slo, "tropical", SHAPE, slow, predictor=linear_model())[0]
+    assert bare.path is RequestPath.PREFILL_WORKER and judged_slow.path is not RequestPath.PREFILL_WORKER
+    assert twin.path is bare.path and twin.reason == bare.reason
+    assert ttft(twin) > 5 * ttft(bare), "the twin still runs at the measured (10x slower) speed"

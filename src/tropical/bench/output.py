@@ -35,7 +35,7 @@ def request_line(planned: PlannedRequest, m: Measurement, req: Request) -> dict[
             "chunk_tokens": m.chunk_tokens if m.counted else None,
             "ttft_s": ttft(req) if done else None, "tpot_s": tpot(req) if done else None,
             "e2e_s": e2e(req) if done else None, "attained": attains(req), "error": m.error}
-    headers = {"path": m.path, "prefill_worker": m.prefill_worker}
+    headers = {"path": m.path, "prefill_worker": m.prefill_worker, "reason": m.reason}
     return line | {k: v for k, v in headers.items() if v is not None}
 
 

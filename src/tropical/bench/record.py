@@ -28,8 +28,9 @@ class Measurement:
     """Client-side timings of one request, in seconds since the run started.
 
     ``chunks`` are the arrival times of chunks that carry tokens and ``chunk_tokens`` their token
-    counts as the server stated them (None where it did not); ``path`` and ``prefill_worker`` are
-    Tropical's ``x-tropical-path`` / ``x-tropical-prefill-worker`` response headers, if sent.
+    counts as the server stated them (None where it did not); ``path``, ``prefill_worker`` and
+    ``reason`` are Tropical's ``x-tropical-path`` / ``-prefill-worker`` / ``-reason`` response
+    headers (the policy's decision when the response began), if sent.
     """
 
     id: int
@@ -44,6 +45,7 @@ class Measurement:
     end: float = 0.0
     path: str | None = None
     prefill_worker: str | None = None
+    reason: str | None = None
 
     @property
     def tokens(self) -> int:

@@ -13,6 +13,7 @@ from tropical.bench.server import Endpoint, ServedModel, served_model
 from tropical.bench.summary import BenchSummary, summarize_bench
 from tropical.core.request import Request
 from tropical.workload.catalog import load_slice
+from tropical.workload.trace import Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +29,17 @@ class BenchRun:
     summary: BenchSummary
 
 
-def run_bench(cfg: BenchConfig) -> BenchRun:
+def workload(cfg: BenchConfig) -> Trace:
+    """The trace slice ``cfg`` selects, arrivals and lengths transformed as its flags say."""
     trace = load_slice(cfg.trace, cfg.limit, cfg.arrivals, cfg.seed, rate=cfg.rate, arrival_cv=cfg.arrival_cv,
                        length_scale=cfg.length_scale, bounds=cfg.bounds)
     if not len(trace):
         raise ValueError(f"trace {cfg.trace!r} has no requests in the selected slice (check --limit)")
+    return trace
+
+
+def run_bench(cfg: BenchConfig) -> BenchRun:
+    trace = workload(cfg)
     endpoint = Endpoint(cfg.url, cfg.api_key)
     model = served_model(endpoint, cfg.model)
     planned = plan_requests(trace, cfg.rate_scale, model.max_model_len)

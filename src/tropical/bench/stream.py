@@ -13,9 +13,11 @@ from tropical.bench.record import Measurement
 
 Clock = Callable[[], float]
 LINE_END = re.compile(r"\r\n|\r|\n")
-# Tropical's response headers: which path the prefill took, and on which worker (others send none).
+# Tropical's response headers: which path the prefill took, on which worker, and the policy's reason
+# (others send none).
 PATH_HEADER = "x-tropical-path"
 PREFILL_WORKER_HEADER = "x-tropical-prefill-worker"
+REASON_HEADER = "x-tropical-reason"
 
 
 async def measure(client: httpx.AsyncClient, body: dict, m: Measurement, clock: Clock,
@@ -39,6 +41,7 @@ async def _stream(client: httpx.AsyncClient, body: dict, m: Measurement, clock: 
             m.error = f"HTTP {resp.status_code}: {detail[:200]}"
             return
         m.path, m.prefill_worker = resp.headers.get(PATH_HEADER), resp.headers.get(PREFILL_WORKER_HEADER)
+        m.reason = resp.headers.get(REASON_HEADER)
         async for line in sse_lines(resp):
             data = line.removeprefix("data:").strip() if line.startswith("data:") else None
             if data == "[DONE]":

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tropical.bench.record import Measurement
-from tropical.core.metrics import Distribution, Summary, attains, span, summarize
+from tropical.core.metrics import Distribution, Summary, goodput, span, summarize
 from tropical.core.request import Request
 
 
@@ -47,7 +47,6 @@ class BenchSummary:
 def summarize_bench(measurements: Sequence[Measurement], requests: Sequence[Request]) -> BenchSummary:
     """Goodput is requests attaining both SLOs per second from the first send to the last answer."""
     duration = span(requests)
-    attained = sum(map(attains, requests))
     done = [m for m in measurements if m.error is None]
     gaps = [g for m in done for g in m.chunk_gaps()]
     return BenchSummary(
@@ -57,7 +56,7 @@ def summarize_bench(measurements: Sequence[Measurement], requests: Sequence[Requ
         chunk_gap_max_s=max(gaps, default=math.nan),
         stall_share=sum(m.stalled() for m in done) / len(done) if done else math.nan,
         token_counts_estimated=sum(not m.counted for m in done),
-        goodput_rps=attained / duration if duration > 0 else 0.0,
+        goodput_rps=goodput(requests),
         duration_s=duration,
         failures=dict(Counter(m.error for m in measurements if m.error is not None)),
         paths=dict(Counter(m.path for m in measurements if m.path is not None)),

@@ -172,3 +172,9 @@ def span(requests: Sequence[Request]) -> float:
     if not finishes:
         return 0.0
     return max(finishes) - min(r.arrival for r in requests)
+
+
+def goodput(requests: Sequence[Request]) -> float:
+    """Requests attaining their SLO per second of ``span`` (0 when nothing finished)."""
+    duration = span(requests)
+    return sum(map(attains, requests)) / duration if duration > 0 else 0.0

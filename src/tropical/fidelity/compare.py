@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.metrics import Summary
+from tropical.fidelity.paths import PathComparison
 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "attainment")
 
@@ -19,13 +20,19 @@ def values(summary: Summary) -> dict[str, float]:
 def relative_errors(real: Summary, sim: Summary) -> dict[str, float]:
     """(sim - real) / real of each metric; NaN where real is 0 or missing."""
     r, s = values(real), values(sim)
-    return {m: (s[m] - r[m]) / r[m] if r[m] and not math.isnan(r[m]) else math.nan for m in METRICS}
+    return {m: relative_error(r[m], s[m]) for m in METRICS}
+
+
+def relative_error(real: float, sim: float) -> float:
+    """(sim - real) / real; NaN where real is 0 or missing."""
+    return (sim - real) / real if real and not math.isnan(real) else math.nan
 
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """One policy's real run, its twin on the bare profile, and its twin with the serving
-    overheads the server measured (``adjustment`` per iteration, ``frontend_s`` per request)."""
+    overheads the server measured (``adjustment`` per iteration, ``frontend_s`` per request);
+    ``paths`` compares the server's path per request with the adjusted twin's."""
 
     policy: str
     real: Summary
@@ -34,6 +41,8 @@ class Comparison:
     adjustment: AdjustedModel
     frontend_s: float
     goodput_rps: float
+    sim_goodput_rps: float
+    paths: PathComparison
 
     def as_dict(self) -> dict[str, object]:
         a = self.adjustment
@@ -43,5 +52,6 @@ class Comparison:
                 "relative_error_profile_only": relative_errors(self.real, self.profile_only),
                 "adjustment": {"compute_scale": a.scale, "iteration_overhead_s": a.overhead,
                                "frontend_s": self.frontend_s},
-                "real_goodput_rps": self.goodput_rps, "real_completed": self.real.completed,
+                "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
+                "paths": self.paths.as_dict(), "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}

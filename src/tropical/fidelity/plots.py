@@ -9,23 +9,26 @@ import numpy as np
 
 from tropical.bench.run import BenchRun
 from tropical.core.metrics import tpot, ttft
-from tropical.fidelity.compare import Comparison, values
+from tropical.fidelity.repeats import PolicyRepeats
 from tropical.report.figures import cdf, save
 
 PANELS = (("attainment", "SLO attainment", 1.0), ("ttft_p90_s", "P90 TTFT (s)", 1.0),
           ("tpot_p90_s", "P90 TPOT (ms)", 1e3))
 
 
-def real_vs_sim(results: list[Comparison], path: Path) -> Path:
-    """Side-by-side bars per policy: the live server, and the simulator on the same requests."""
-    x = np.arange(len(results))
-    sides = ((-0.2, "real", [values(r.real) for r in results], "tab:orange"),
-             (0.2, "simulated", [values(r.adjusted) for r in results], "tab:blue"))
+def real_vs_sim(policies: list[PolicyRepeats], path: Path) -> Path:
+    """Side-by-side bars per policy: the live server (mean, whiskers min..max over the repeats),
+    and the simulator on the same requests (mean of the repeats' twins)."""
+    x = np.arange(len(policies))
+    real, sim = [p.real() for p in policies], [p.sim() for p in policies]
     fig, axes = plt.subplots(1, len(PANELS), figsize=(15, 4))
     for ax, (metric, label, unit) in zip(axes, PANELS, strict=True):
-        for offset, name, rows, color in sides:
-            ax.bar(x + offset, [row[metric] * unit for row in rows], 0.4, label=name, color=color)
-        ax.set_xticks(x, [r.policy for r in results])
+        means = np.array([r[metric].mean for r in real]) * unit
+        whiskers = np.array([[r[metric].mean - r[metric].low, r[metric].high - r[metric].mean]
+                             for r in real]).T
+        ax.bar(x - 0.2, means, 0.4, yerr=whiskers * unit, capsize=3, label="real", color="tab:orange")
+        ax.bar(x + 0.2, [s[metric] * unit for s in sim], 0.4, label="simulated", color="tab:blue")
+        ax.set_xticks(x, [p.policy for p in policies])
         ax.set(ylabel=label, title=label)
     axes[0].legend()
     return save(fig, path)

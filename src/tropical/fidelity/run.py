@@ -10,29 +10,39 @@ from pathlib import Path
 from tropical.bench.config import BenchConfig
 from tropical.bench.run import BenchRun, run_bench
 from tropical.calibration.store import load_profile
-from tropical.core.metrics import summarize
+from tropical.core.metrics import goodput, summarize
 from tropical.fidelity.compare import Comparison
 from tropical.fidelity.overheads import adjusted, frontend_latency, scrape
+from tropical.fidelity.paths import compare_paths
+from tropical.fidelity.repeats import PolicyRepeats
 from tropical.fidelity.twin import ServerShape, simulate_twin
 from tropical.serve.process import ServerProcess
 
 
 @dataclass(frozen=True)
 class FidelityConfig:
-    """One study: the model and its profile, the server's shape, the workload, the policies."""
+    """One study: the model and its profile, the server's shape, the workload, the policies.
+    The defaults are the published study (docs/fidelity.md), so `tropical fidelity --profile P
+    --repeats 3` reruns it."""
 
     profile: str
-    shape: ServerShape
-    model: str = "tiny-random"
+    shape: ServerShape = ServerShape(kv_tokens=16384, block_size=16, max_model_len=2048,
+                                     max_batched_tokens=2048)
+    model: str = "smollm2"
     threads: int = 1
     policies: tuple[str, ...] = ("colocated", "chunked", "disagg", "tropical", "tropical+")
     trace: str = "conversation"
-    limit: int = 60
-    rate_scale: float = 1.0
+    limit: int = 150
+    rate_scale: float = 0.3
     length_scale: float = 0.05
-    slo_ttft_ms: float = 2000.0
-    slo_tpot_ms: float = 200.0
+    slo_ttft_ms: float = 3000.0
+    slo_tpot_ms: float = 300.0
     seed: int = 0
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
 
     def bench(self, url: str) -> BenchConfig:
         return BenchConfig(url, self.trace, self.rate_scale, self.length_scale, self.limit, seed=self.seed,
@@ -43,9 +53,9 @@ class FidelityConfig:
                 *self.shape.serve_args(policy)]
 
 
-def run_policy(cfg: FidelityConfig, policy: str, logs: Path) -> tuple[Comparison, BenchRun]:
-    """The real run and its simulated twin for one policy."""
-    server = ServerProcess.start(cfg.serve_args(policy), logs / f"serve-{policy}.log")
+def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison, BenchRun]:
+    """The real run and its simulated twin for one policy; the server logs to ``log``."""
+    server = ServerProcess.start(cfg.serve_args(policy), log)
     try:
         real = run_bench(cfg.bench(server.url))
         totals = scrape(server.url)
@@ -55,16 +65,21 @@ def run_policy(cfg: FidelityConfig, policy: str, logs: Path) -> tuple[Comparison
     adjustment = adjusted(profile, totals)
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
     bare = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, profile)
-    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, adjustment, frontend)
+    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, adjustment, frontend, profile)
+    paths = compare_paths(real.measurements, modeled)
     return Comparison(policy, real.summary.core, summarize(bare), summarize(modeled), adjustment, frontend,
-                      real.summary.goodput_rps), real
+                      real.summary.goodput_rps, goodput(modeled), paths), real
 
 
 def run_study(cfg: FidelityConfig, logs: Path,
-              progress: Callable[[str], None] = lambda _: None) -> list[tuple[Comparison, BenchRun]]:
+              progress: Callable[[str], None] = lambda _: None) -> list[tuple[PolicyRepeats, list[BenchRun]]]:
+    """Every policy ``cfg.repeats`` times, one round of all policies after another, so a slow
+    spell on the shared machine lands on every policy rather than on one policy's repeats."""
     logs.mkdir(parents=True, exist_ok=True)
-    results = []
-    for policy in cfg.policies:
-        progress(f"{policy}: serving and replaying {cfg.limit} requests ...")
-        results.append(run_policy(cfg, policy, logs))
-    return results
+    runs: dict[str, list[tuple[Comparison, BenchRun]]] = {p: [] for p in cfg.policies}
+    for k in range(cfg.repeats):
+        for policy in cfg.policies:
+            progress(f"{policy} (repeat {k + 1}/{cfg.repeats}): replaying {cfg.limit} requests ...")
+            runs[policy].append(run_policy(cfg, policy, logs / f"serve-{policy}-{k + 1}.log"))
+    return [(PolicyRepeats(p, tuple(c for c, _ in pairs)), [r for _, r in pairs])
+            for p, pairs in runs.items()]

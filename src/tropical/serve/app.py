@@ -203,7 +203,7 @@ class Reply:
     def headers(self) -> dict[str, str]:
         req = self.handle.req
         return {PATH_HEADER: req.path.value, "x-request-id": self.id,
-                "x-tropical-prefill-worker": str(req.prefill_worker)}
+                "x-tropical-prefill-worker": str(req.prefill_worker), "x-tropical-reason": req.reason}
 
     async def next_event(self, request: Request) -> Event | None:
         """The next event, or None if the client hung up meanwhile (the request is then aborted).

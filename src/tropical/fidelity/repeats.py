@@ -1,0 +1,98 @@
+"""A policy's repeated live runs against their twins: each real number as its mean and min..max
+over the repeats, the simulated number as the mean of the repeats' twins.
+
+One live run cannot separate a modelling error from run-to-run noise on a shared machine; the
+spread over repeats can: a simulated value inside min..max is as close as the server is to itself.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tropical.fidelity.compare import METRICS, Comparison, relative_error, values
+from tropical.fidelity.paths import PathComparison, merge
+
+GOODPUT = "goodput_rps"
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """The mean of one number over repeats, and the lowest and highest repeat (NaNs left out)."""
+
+    mean: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Spread:
+        finite = [x for x in samples if not math.isnan(x)]
+        if not finite:
+            return cls(math.nan, math.nan, math.nan)
+        return cls(statistics.fmean(finite), min(finite), max(finite))
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    @property
+    def relative_width(self) -> float:
+        """(high - low) / mean: how far apart the repeats landed, as a share of their mean."""
+        return (self.high - self.low) / self.mean if self.mean else math.nan
+
+    def as_dict(self) -> dict[str, float | None]:
+        return _nulls({"mean": self.mean, "min": self.low, "max": self.high})
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRepeats:
+    """One policy's repeats, in the order they ran."""
+
+    policy: str
+    runs: tuple[Comparison, ...]
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError(f"policy {self.policy!r}: no runs to summarize")
+
+    def real(self) -> dict[str, Spread]:
+        """Each metric and goodput over the live repeats."""
+        per_run = [values(c.real) | {GOODPUT: c.goodput_rps} for c in self.runs]
+        return {m: Spread.of([run[m] for run in per_run]) for m in (*METRICS, GOODPUT)}
+
+    def sim(self) -> dict[str, float]:
+        """Each metric and goodput averaged over the repeats' twins (each with its run's overheads)."""
+        per_run = [values(c.adjusted) | {GOODPUT: c.sim_goodput_rps} for c in self.runs]
+        return {m: statistics.fmean(run[m] for run in per_run) for m in (*METRICS, GOODPUT)}
+
+    def errors(self) -> dict[str, float]:
+        """(sim - real mean) / real mean of each metric and goodput."""
+        real, sim = self.real(), self.sim()
+        return {m: relative_error(real[m].mean, sim[m]) for m in real}
+
+    def paths(self) -> PathComparison:
+        return merge([c.paths for c in self.runs])
+
+    def as_dict(self) -> dict[str, object]:
+        real, sim, err = self.real(), self.sim(), self.errors()
+        return {"policy": self.policy, "repeats": len(self.runs),
+                "real": {m: s.as_dict() for m, s in real.items()}, "sim": _nulls(sim),
+                "relative_error": _nulls(err),
+                "sim_within_spread": {m: real[m].contains(sim[m]) for m in real},
+                "paths": self.paths().as_dict(), "runs": [c.as_dict() for c in self.runs]}
+
+
+def median_abs_error(policies: Sequence[PolicyRepeats]) -> float:
+    """Median |relative error| over every reported latency and attainment number of every policy."""
+    errors = [abs(e) for p in policies for m, e in p.errors().items() if m in METRICS and not math.isnan(e)]
+    return statistics.median(errors) if errors else math.nan
+
+
+def path_agreement(policies: Sequence[PolicyRepeats]) -> float:
+    """Share of all compared requests, over every policy and repeat, that took the same path."""
+    return merge([p.paths() for p in policies]).agreement
+
+
+def _nulls(numbers: dict[str, float]) -> dict[str, float | None]:
+    return {k: None if math.isnan(v) else v for k, v in numbers.items()}

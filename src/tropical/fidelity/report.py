@@ -1,0 +1,135 @@
+"""The fidelity study's markdown report, every number taken from the runs: real vs simulated per
+policy with the repeats' spread, path agreement and first divergences, the goodput ranking, and
+the toggle's goodput against the best baseline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from itertools import combinations
+
+from tropical.fidelity.compare import METRICS
+from tropical.fidelity.paths import merge
+from tropical.fidelity.repeats import GOODPUT, PolicyRepeats, Spread, median_abs_error, path_agreement
+
+LABELS = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "tpot_p50_s": "TPOT p50",
+          "tpot_p90_s": "TPOT p90", "attainment": "attainment", GOODPUT: "goodput (req/s)"}
+TOGGLE = "tropical+"
+BASELINES = ("colocated", "chunked", "disagg")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [headers, ["---"] * len(headers), *rows]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def fmt(value: float, metric: str) -> str:
+    if math.isnan(value):
+        return "-"
+    if metric == "attainment":
+        return f"{value:.1%}"
+    return f"{value:.3f}" if metric == GOODPUT else f"{value * 1e3:.0f}"
+
+
+def cell(spread: Spread, sim: float, error: float, metric: str) -> str:
+    """``mean (min..max) / sim error mark``; the mark says whether sim lies within min..max."""
+    mark = "✓" if spread.contains(sim) else "✗"
+    err = "-" if math.isnan(error) else f"{error:+.0%}"
+    return (f"{fmt(spread.mean, metric)} ({fmt(spread.low, metric)}..{fmt(spread.high, metric)}) / "
+            f"{fmt(sim, metric)} {err} {mark}")
+
+
+def numbers_table(policies: Sequence[PolicyRepeats]) -> str:
+    headers = ["policy", *(LABELS[m] + (" (ms)" if m.endswith("_s") else "") for m in (*METRICS, GOODPUT))]
+    rows = []
+    for p in policies:
+        real, sim, err = p.real(), p.sim(), p.errors()
+        rows.append([p.policy, *(cell(real[m], sim[m], err[m], m) for m in (*METRICS, GOODPUT))])
+    return markdown_table(headers, rows)
+
+
+def paths_table(policies: Sequence[PolicyRepeats]) -> str:
+    headers = ["policy", "same path", "first differing request (arrival)", "real path (prefill worker)",
+               "twin's path (prefill worker)", "server's reason", "twin's reason"]
+    rows = []
+    for p in policies:
+        paths = p.paths()
+        d = paths.first_divergence
+        same = f"{paths.same} of {paths.compared} ({_share(paths.agreement)})"
+        if d is None:
+            rows.append([p.policy, same, "none", "", "", "", ""])
+        else:
+            rows.append([p.policy, same, f"#{d.id} ({d.arrival_s:.2f} s)",
+                         f"{d.real_path} ({d.real_prefill_worker})", f"{d.sim_path} ({d.sim_prefill_worker})",
+                         d.real_reason or "-", d.sim_reason or "-"])
+    return markdown_table(headers, rows)
+
+
+def ranking_lines(policies: Sequence[PolicyRepeats]) -> list[str]:
+    """Goodput order live and simulated, and whether the simulator orders alike every pair whose
+    live spreads do not overlap (pairs that overlap are within the server's own noise)."""
+    real = {p.policy: p.real()[GOODPUT] for p in policies}
+    sim = {p.policy: p.sim()[GOODPUT] for p in policies}
+    separated = [(a, b) for a, b in combinations(real, 2)
+                 if real[a].high < real[b].low or real[b].high < real[a].low]
+    wrong = [f"{a} vs {b}" for a, b in separated if (real[a].mean > real[b].mean) != (sim[a] > sim[b])]
+    order = " > ".join(sorted(real, key=lambda p: -real[p].mean))
+    sim_order = " > ".join(sorted(sim, key=lambda p: -sim[p]))
+    verdict = "; ordered differently: " + ", ".join(wrong) if wrong else ""
+    return [f"Goodput order live (mean of repeats): {order}; simulated: {sim_order}.",
+            f"Pairs whose live spreads are separated: {len(separated)}; the simulator orders "
+            f"{len(separated) - len(wrong)} of them as the server does{verdict}."]
+
+
+def toggle_line(policies: Sequence[PolicyRepeats]) -> str:
+    """tropical+'s goodput over the best baseline's, live (means of repeats) and simulated."""
+    by_name = {p.policy: p for p in policies}
+    baselines = [by_name[b] for b in BASELINES if b in by_name]
+    if TOGGLE not in by_name or not baselines:
+        return f"({TOGGLE} or every baseline missing from this run: no toggle ratio.)"
+    toggle = by_name[TOGGLE]
+    best_real = max(baselines, key=lambda p: p.real()[GOODPUT].mean)
+    best_sim = max(baselines, key=lambda p: p.sim()[GOODPUT])
+    live = _ratio(toggle.real()[GOODPUT].mean, best_real.real()[GOODPUT].mean)
+    simulated = _ratio(toggle.sim()[GOODPUT], best_sim.sim()[GOODPUT])
+    separated = toggle.real()[GOODPUT].low > best_real.real()[GOODPUT].high
+    return (f"{TOGGLE} goodput / best baseline's: live {live} (best baseline {best_real.policy}; "
+            f"{TOGGLE}'s lowest repeat {'above' if separated else 'not above'} the baseline's highest), "
+            f"simulated {simulated} (best baseline {best_sim.policy}).")
+
+
+def spread_line(policies: Sequence[PolicyRepeats]) -> str:
+    """How far apart the repeats' P90 TTFT landed, (max - min) / mean per policy (the slice is
+    large enough when this stays under 10%)."""
+    widths = ", ".join(f"{p.policy} {_share(p.real()['ttft_p90_s'].relative_width)}" for p in policies)
+    return f"Repeat spread of P90 TTFT, (max - min) / mean: {widths}."
+
+
+def report(policies: Sequence[PolicyRepeats]) -> str:
+    repeats = min(len(p.runs) for p in policies)
+    numbers = sum(1 for p in policies for m in METRICS if not math.isnan(p.errors()[m]))
+    paths = merge([p.paths() for p in policies])
+    return "\n".join([
+        f"Each cell: real mean (min..max over {repeats} repeat{'s' if repeats > 1 else ''}) / simulated "
+        "(mean of the repeats' twins) relative error, ✓ when the simulated value lies within min..max. "
+        "Times in ms.", "",
+        numbers_table(policies), "",
+        f"Median absolute error over the {numbers} latency and attainment numbers: "
+        f"{_share(median_abs_error(policies))}; within 20%: {_within(policies, 0.2)} of {numbers}.",
+        spread_line(policies),
+        f"Path agreement: {paths.same} of {paths.compared} requests ({_share(path_agreement(policies))}) "
+        "took the same path live and in the twin.", "",
+        paths_table(policies), "",
+        *ranking_lines(policies), toggle_line(policies)])
+
+
+def _within(policies: Sequence[PolicyRepeats], bound: float) -> int:
+    return sum(1 for p in policies for m in METRICS if abs(p.errors()[m]) <= bound)
+
+
+def _share(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.1%}"
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "-"

@@ -1,0 +1,43 @@
+"""The fidelity report: every line computed from the runs it is given."""
+
+from __future__ import annotations
+
+from tests.fidelity.test_repeats import run
+from tropical.fidelity.repeats import PolicyRepeats, Spread
+from tropical.fidelity.report import cell, ranking_lines, report, toggle_line
+
+
+def repeats(policy: str, real_goodputs: list[float], sim_goodput: float) -> PolicyRepeats:
+    return PolicyRepeats(policy, tuple(run(policy, 0.5, 0.5, (g, sim_goodput)) for g in real_goodputs))
+
+
+def test_a_cell_marks_whether_sim_lies_in_the_repeats_spread() -> None:
+    spread = Spread(0.5, 0.4, 0.6)
+    assert cell(spread, 0.55, 0.1, "ttft_p50_s") == "500 (400..600) / 550 +10% ✓"
+    assert cell(spread, 0.7, 0.4, "ttft_p50_s").endswith("✗")
+
+
+def test_ranking_checks_only_pairs_the_live_spread_separates() -> None:
+    policies = [repeats("chunked", [1.0, 1.2], 1.0), repeats("disagg", [0.2, 0.3], 1.5),
+                repeats("colocated", [1.1, 1.3], 0.9)]
+    order, check = ranking_lines(policies)
+    assert order.startswith("Goodput order live (mean of repeats): colocated > chunked > disagg")
+    # chunked/colocated overlap; chunked-disagg and colocated-disagg are separated and both reversed
+    assert "separated: 2" in check and "orders 0 of them" in check
+    assert "chunked vs disagg" in check and "disagg vs colocated" in check
+
+
+def test_toggle_ratio_against_the_best_baseline_live_and_simulated() -> None:
+    policies = [repeats("chunked", [1.0, 1.2], 1.0), repeats("tropical+", [1.5, 1.7], 1.4)]
+    line = toggle_line(policies)
+    assert "live 1.45x (best baseline chunked;" in line
+    assert "tropical+'s lowest repeat above the baseline's highest" in line
+    assert "simulated 1.40x" in line
+    assert "no toggle ratio" in toggle_line(policies[:1])
+
+
+def test_report_states_the_median_error_and_path_agreement() -> None:
+    text = report([repeats("chunked", [1.0, 1.2], 1.0)])
+    assert "over 2 repeats" in text and "Path agreement: 20 of 20 requests (100.0%)" in text
+    assert "Median absolute error over the 5 latency and attainment numbers: 0.0%" in text
+    assert "Repeat spread of P90 TTFT, (max - min) / mean: chunked 0.0%." in text

@@ -59,6 +59,21 @@ class RouterSettings:
     max_context: int | None = None
 
 
+def check_capacity(draining: bool, running: bool, workers: Sequence[WorkerState], settings: RouterSettings,
+                   metrics: ServerMetrics, nothing_runs: str) -> None:
+    """Refuse a new request while draining (503), with no worker process running (503, saying
+    ``nothing_runs``) or past ``max_waiting`` queued requests (429); both routers ask this."""
+    if draining:
+        raise Rejected(503, SHUTTING_DOWN)
+    if not running:
+        raise Rejected(503, nothing_runs)
+    waiting = sum(len(w.waiting) for w in workers if w.alive)
+    if waiting >= settings.max_waiting:
+        metrics.record_rejection("queue_full")
+        raise Rejected(429, f"server overloaded: {waiting} requests waiting "
+                            f"(limit {settings.max_waiting}); retry later")
+
+
 class Router:
     """The Cluster, the worker processes it runs on, and the streams of the requests in flight."""
 
@@ -127,15 +142,8 @@ class Router:
                                                submission.ignore_eos)
 
     def _check_capacity(self) -> None:
-        if self.draining:
-            raise Rejected(503, SHUTTING_DOWN)
-        if not any(c.alive for c in self.clients):
-            raise Rejected(503, "no worker is running")
-        waiting = sum(len(w.waiting) for w in self.workers if w.alive)
-        if waiting >= self.settings.max_waiting:
-            self.metrics.record_rejection("queue_full")
-            raise Rejected(429, f"server overloaded: {waiting} requests waiting "
-                                f"(limit {self.settings.max_waiting}); retry later")
+        check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
+                       self.metrics, "no worker is running")
 
     def _carry_out(self, effects: list[Effect]) -> None:
         """Do what the cluster asks, on the worker processes and the streams."""

@@ -31,7 +31,7 @@ from tropical.sched.policy import Assignment, Policy, apply
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
 from tropical.serve.metrics import ServerMetrics
-from tropical.serve.router import SHUTTING_DOWN, Rejected, RouterSettings
+from tropical.serve.router import SHUTTING_DOWN, Rejected, RouterSettings, check_capacity
 from tropical.serve.streams import RequestHandle, Submission
 from tropical.serve.vllm_instance import InstanceDied, InstanceError, VllmInstance
 from tropical.serve.vllm_shadow import Shadow
@@ -122,15 +122,8 @@ class VllmRouter:
         self._leave(handle.req)
 
     def _check_capacity(self) -> None:
-        if self.draining:
-            raise Rejected(503, SHUTTING_DOWN)
-        if not any(c.alive for c in self.clients):
-            raise Rejected(503, "no vLLM instance is running")
-        waiting = sum(len(w.waiting) for w in self.workers if w.alive)
-        if waiting >= self.settings.max_waiting:
-            self.metrics.record_rejection("queue_full")
-            raise Rejected(429, f"server overloaded: {waiting} requests waiting "
-                                f"(limit {self.settings.max_waiting}); retry later")
+        check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
+                       self.metrics, "no vLLM instance is running")
 
     def _assign(self, assignments: list[Assignment]) -> None:
         """Start (or move) each request's task on the instance its assignment names."""

@@ -100,7 +100,10 @@ def main() -> None:
                      "policies": result})
     robust = [r for r in rows if r["win"] >= 1.3 and r["worst_nearby_win"] >= 1.3]
     robust.sort(key=lambda r: -r["best_baseline_attainment"])
-    print(json.dumps({"settings": len(rows), "robust_wins": len(robust), "top": robust[:args.top]}, indent=1))
+    rows.sort(key=lambda r: -r["win"])
+    highest = [{k: v for k, v in r.items() if k != "policies"} for r in rows[:args.top]]
+    print(json.dumps({"settings": len(rows), "robust_wins": len(robust), "top": robust[:args.top],
+                      "highest_wins": highest}, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,14 +6,14 @@ import pytest
 from tests.factories import make_request
 from tropical.core.gaps import GapHistogram
 from tropical.core.metrics import Distribution, attains, miss_cause, stream_attains, summarize, tpot, ttft
-from tropical.core.request import Path
+from tropical.core.request import PrefillPath
 
 
 def finished(rid: int, arrival: float, start: float, first: float, finish: float,
              output: int, ttft_slo: float = 1.0, tpot_slo: float = 0.1):
     req = make_request(rid, arrival, output=output, ttft=ttft_slo, tpot=tpot_slo)
     req.prefill_start, req.first_token, req.finish = start, first, finish
-    req.path = Path.COLOCATED
+    req.path = PrefillPath.COLOCATED
     return req
 
 

@@ -14,7 +14,7 @@ from tropical.cli import main
 from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import tpot, ttft
-from tropical.core.request import Path as RequestPath
+from tropical.core.request import PrefillPath as RequestPath
 from tropical.core.slo import SLO
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS

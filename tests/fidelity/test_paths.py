@@ -6,11 +6,11 @@ import math
 
 from tests.factories import make_request
 from tropical.bench.record import Measurement
-from tropical.core.request import Path, Request
+from tropical.core.request import PrefillPath, Request
 from tropical.fidelity.paths import PathComparison, compare_paths, merge
 
 
-def twin_request(rid: int, arrival: float, path: Path, worker: int, reason: str = "") -> Request:
+def twin_request(rid: int, arrival: float, path: PrefillPath, worker: int, reason: str = "") -> Request:
     req = make_request(rid, arrival)
     req.path, req.prefill_worker, req.reason = path, worker, reason
     return req
@@ -21,10 +21,10 @@ def measured(rid: int, path: str | None, worker: str | None = "0", reason: str |
 
 
 def test_agreement_counts_requests_with_a_path_header_and_names_the_earliest_divergence() -> None:
-    twin = [twin_request(0, 0.0, Path.PREFILL_WORKER, 0),
-            twin_request(1, 2.0, Path.MULTIPLEX, 1, "fits TPOT slack on worker 1"),
-            twin_request(2, 1.0, Path.FALLBACK, 0, "no worker meets TTFT"),
-            twin_request(3, 3.0, Path.PREFILL_WORKER, 0)]
+    twin = [twin_request(0, 0.0, PrefillPath.PREFILL_WORKER, 0),
+            twin_request(1, 2.0, PrefillPath.MULTIPLEX, 1, "fits TPOT slack on worker 1"),
+            twin_request(2, 1.0, PrefillPath.FALLBACK, 0, "no worker meets TTFT"),
+            twin_request(3, 3.0, PrefillPath.PREFILL_WORKER, 0)]
     real = [measured(0, "prefill"), measured(1, "prefill"), measured(2, "multiplex", "1", "multiplexed"),
             measured(3, None)]
     result = compare_paths(real, twin)
@@ -37,15 +37,15 @@ def test_agreement_counts_requests_with_a_path_header_and_names_the_earliest_div
 
 
 def test_identical_paths_have_no_divergence_and_no_headers_no_share() -> None:
-    twin = [twin_request(0, 0.0, Path.COLOCATED, 1)]
+    twin = [twin_request(0, 0.0, PrefillPath.COLOCATED, 1)]
     assert compare_paths([measured(0, "colocated", "1")], twin) == PathComparison(1, 1, None)
     assert math.isnan(compare_paths([measured(0, None)], twin).agreement)
     assert compare_paths([measured(0, None)], twin).as_dict()["path_agreement"] is None
 
 
 def test_merge_sums_counts_and_keeps_the_earliest_divergence() -> None:
-    early = compare_paths([measured(5, "prefill")], [twin_request(5, 1.0, Path.MULTIPLEX, 1)])
-    late = compare_paths([measured(7, "prefill")], [twin_request(7, 4.0, Path.MULTIPLEX, 1)])
+    early = compare_paths([measured(5, "prefill")], [twin_request(5, 1.0, PrefillPath.MULTIPLEX, 1)])
+    late = compare_paths([measured(7, "prefill")], [twin_request(7, 4.0, PrefillPath.MULTIPLEX, 1)])
     agree = PathComparison(4, 4, None)
     merged = merge([late, agree, early])
     assert (merged.compared, merged.same) == (6, 4)

@@ -1,6 +1,6 @@
 from tests.factories import make_request, make_worker, start_decoding
 from tropical.core.latency.shape import BatchShape, attention_pairs
-from tropical.core.request import Path
+from tropical.core.request import PrefillPath
 from tropical.sched.batching import form_batch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import SlackRule
@@ -87,7 +87,7 @@ def test_chunked_multiplexing_cuts_a_long_prompt_to_the_largest_chunk_the_slack_
     for i in range(3):
         start_decoding(worker, make_request(100 + i, output=50, tpot=0.1))
     long = make_request(1, prompt=6000)
-    long.path = Path.MULTIPLEX
+    long.path = PrefillPath.MULTIPLEX
     worker.enqueue(long)
     (req, chunk, cached), = form_batch(worker).prefills
     decodes = BatchShape.decode(3, worker.decode_context)
@@ -101,7 +101,7 @@ def test_unchunked_multiplexing_leaves_a_prompt_that_breaks_the_slack_for_later(
     worker = make_worker(Role.MULTIPLEX, rules=rules)
     start_decoding(worker, make_request(100, output=50, tpot=0.1))
     long = make_request(1, prompt=6000)
-    long.path = Path.MULTIPLEX
+    long.path = PrefillPath.MULTIPLEX
     worker.enqueue(long)
     batch = form_batch(worker)
     assert batch.decode_only

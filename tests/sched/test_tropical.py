@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tests.factories import linear_model, make_request, make_worker, start_decoding
 from tropical.core.metrics import summarize, tpot
-from tropical.core.request import Path
+from tropical.core.request import PrefillPath
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.registry import PolicyParams, make_policy
@@ -61,7 +61,7 @@ class Watched(Simulator):
         if flight is None or flight.version in self._seen or worker.role is not Role.MULTIPLEX:
             return
         self._seen.add(flight.version)
-        if any(r.path is Path.MULTIPLEX for r, _, _ in flight.batch.prefills):
+        if any(r.path is PrefillPath.MULTIPLEX for r, _, _ in flight.batch.prefills):
             decoding = [(r, worker.generated(r)) for r in worker.running.values()]
             self.mixed.append((flight.start, flight.end, decoding))
 
@@ -77,7 +77,7 @@ class Recording:
 
     def _note(self, assignments, workers):
         for a in assignments:
-            if a.path is Path.MULTIPLEX:
+            if a.path is PrefillPath.MULTIPLEX:
                 w = workers[a.worker_id]
                 pending = [r for r in w.queued() if r.id not in w.holds] + [a.request]
                 blocks = w.kv.used_blocks + sum(w.kv.blocks_for(r.kv_tokens) for r in pending)
@@ -121,16 +121,16 @@ def test_path2_admission_never_crosses_the_watermark(lengths):
 def test_every_decision_is_recorded_and_nothing_starves(name):
     requests = bursty([(200 + (97 * i) % 3500, 2 + (13 * i) % 60) for i in range(150)], gap=0.01)
     _, done = simulate(name, requests)
-    assert all(r.path is not Path.NONE and r.reason for r in done)
+    assert all(r.path is not PrefillPath.NONE and r.reason for r in done)
     assert all(r.error is None and r.generated == r.output_len for r in done)
-    assert {r.path for r in done} >= {Path.PREFILL_WORKER, Path.MULTIPLEX}
+    assert {r.path for r in done} >= {PrefillPath.PREFILL_WORKER, PrefillPath.MULTIPLEX}
 
 
 def test_zero_multiplexing_capacity_behaves_like_disagg():
     lengths = [(300 + (131 * i) % 3000, 2 + (17 * i) % 50) for i in range(120)]
     _, toggle = simulate("tropical", bursty(lengths), watermark=0.0)
     _, disagg = simulate("disagg", bursty(lengths))
-    assert all(r.path in (Path.PREFILL_WORKER, Path.FALLBACK) for r in toggle)
+    assert all(r.path in (PrefillPath.PREFILL_WORKER, PrefillPath.FALLBACK) for r in toggle)
     assert all(r.prefill_worker in (0, 1) and r.decode_worker in (2, 3) for r in toggle)
     a, b = summarize(toggle), summarize(disagg)
     assert a.attainment == pytest.approx(b.attainment, abs=0.05)
@@ -164,7 +164,7 @@ def test_chunked_multiplexing_keeps_tpot_of_every_request_it_touches_with_exact_
     policy = make_policy("tropical", PolicyParams(toggle=ToggleParams(chunked=True)))
     sim = Watched(CLUSTER.build(policy), policy, bursty(lengths, gap=0.005))
     done = sim.run()
-    multiplexed = [r for r in done if r.path is Path.MULTIPLEX]
+    multiplexed = [r for r in done if r.path is PrefillPath.MULTIPLEX]
     assert multiplexed and sim.mixed, "the workload must take Path 2"
     for req in multiplexed:                        # prefilled in chunks, then decoded in place
         assert tpot(req) <= req.slo.tpot * (1 + 1e-9)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.factories import linear_cluster
 from tests.serve.fake_cluster import finished, record_plans, run_virtual, start_router, submit_at_arrivals
-from tropical.core.request import Path, Request
+from tropical.core.request import PrefillPath, Request
 from tropical.core.slo import SLO
 from tropical.sched.registry import make_policy, policy_names
 from tropical.sim.cluster import ClusterSpec
@@ -87,6 +87,6 @@ def test_the_slice_exercises_multiplexing_and_migration() -> None:
     requests = trace_slice()
     plans = simulate("tropical", requests)
     paths = {r.path for r in requests}
-    assert {Path.MULTIPLEX, Path.PREFILL_WORKER} <= paths
+    assert {PrefillPath.MULTIPLEX, PrefillPath.PREFILL_WORKER} <= paths
     assert any(r.migration_time > 0 for r in requests)
     assert any(b.prefills and b.decode_count for _, _, b in plans)

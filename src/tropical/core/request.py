@@ -12,7 +12,7 @@ from enum import Enum
 from tropical.core.slo import SLO
 
 
-class Path(str, Enum):
+class PrefillPath(str, Enum):
     """Where a request's prefill ran, the multiplexing toggle's decision."""
 
     NONE = "none"
@@ -41,7 +41,7 @@ class Request:
     prefill_start: float | None = None
     first_token: float | None = None
     finish: float | None = None
-    path: Path = Path.NONE
+    path: PrefillPath = PrefillPath.NONE
     reason: str = ""
     prefill_worker: int | None = None
     decode_worker: int | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tropical.core.request import Path, Request
+from tropical.core.request import PrefillPath, Request
 from tropical.sched.dispatch import fewest_unfinished
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
@@ -18,7 +18,7 @@ from tropical.sched.worker import WorkerState
 
 
 def dispatch_to_least_loaded(req: Request, workers: Sequence[WorkerState],
-                             path: Path) -> list[Assignment]:
+                             path: PrefillPath) -> list[Assignment]:
     """Send ``req`` to the arrival-taking worker with the fewest unfinished tokens."""
     target = fewest_unfinished(w for w in workers if w.role.takes_arrivals)
     if target is None:
@@ -45,7 +45,7 @@ class ColocatedPolicy(Policy):
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
-        return dispatch_to_least_loaded(req, workers, Path.COLOCATED)
+        return dispatch_to_least_loaded(req, workers, PrefillPath.COLOCATED)
 
 
 def split_roles(num_workers: int, num_prefill: int | None, other: Role) -> list[Role]:
@@ -76,4 +76,4 @@ class DisaggPolicy(Policy):
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
-        return dispatch_to_least_loaded(req, workers, Path.PREFILL_WORKER)
+        return dispatch_to_least_loaded(req, workers, PrefillPath.PREFILL_WORKER)

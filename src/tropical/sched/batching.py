@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.shape import BatchShape
-from tropical.core.request import Path, Request
+from tropical.core.request import PrefillPath, Request
 from tropical.sched.slack import Decoding, TpotBudget, largest_chunk
 from tropical.sched.worker import WorkerState
 
@@ -77,7 +77,7 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
     shape = BatchShape.decode(batch.decode_count, batch.decode_context)
     for i, (req, new, cached) in enumerate(batch.prefills):
         stretched = shape.plus_prefill(new, cached)
-        if req.path is not Path.MULTIPLEX or worker.latency.iteration_time(stretched) <= limit:
+        if req.path is not PrefillPath.MULTIPLEX or worker.latency.iteration_time(stretched) <= limit:
             shape = stretched
             continue
         chunk = _chunk(worker, shape, new, cached, limit) if worker.rules.chunked else 0
@@ -98,7 +98,7 @@ def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding
     and the multiplexed prompts themselves. Chunked multiplexing keeps every iteration within
     their TPOT SLOs too, so that no stream waits long for its next token."""
     incoming = [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
-    return incoming + [Decoding(r, 1, now) for r, _, _ in batch.prefills if r.path is Path.MULTIPLEX]
+    return incoming + [Decoding(r, 1, now) for r, _, _ in batch.prefills if r.path is PrefillPath.MULTIPLEX]
 
 
 def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:

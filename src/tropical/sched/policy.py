@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tropical.core.request import Path, Request
+from tropical.core.request import PrefillPath, Request
 from tropical.sched.dispatch import decode_destination
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
@@ -25,7 +25,7 @@ class Assignment:
 
     request: Request
     worker_id: int
-    path: Path
+    path: PrefillPath
     reason: str
     from_worker: int | None = None
 

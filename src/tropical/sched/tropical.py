@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from tropical.core.latency.model import prefill_time
 from tropical.core.latency.shape import BatchShape
-from tropical.core.request import Path, Request
+from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.dispatch import decode_destination
 from tropical.sched.next_iteration import NextIteration
@@ -95,7 +95,7 @@ class TropicalPolicy(Policy):
         self._round, self._chunks, self._queued = {}, {}, {}
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
-            return [Assignment(req, best.id, Path.PREFILL_WORKER,
+            return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)")]
         options = [(done, w.id, w) for w in multiplex
                    if (done := self._multiplex_finish(req, w, None, now)) is not None
@@ -106,7 +106,7 @@ class TropicalPolicy(Policy):
         if best is None:
             return [self._no_prefill_worker(req, multiplex)]
         self._plan_checks(req, multiplex, {}, now, finish)
-        return [Assignment(req, best.id, Path.FALLBACK,
+        return [Assignment(req, best.id, PrefillPath.FALLBACK,
                            f"TTFT at risk (predicted {finish - req.arrival:.3f}s > "
                            f"SLO {req.slo.ttft:.3f}s); no multiplexing worker had slack")]
 
@@ -162,7 +162,7 @@ class TropicalPolicy(Policy):
     def _demoted(self, req: Request, source: WorkerState) -> Assignment:
         """Send a hopeless request to the back of its queue so that others can still attain."""
         self._demoted_ids.add(req.id)
-        return Assignment(req, source.id, Path.FALLBACK,
+        return Assignment(req, source.id, PrefillPath.FALLBACK,
                           "TTFT already out of reach; yielded its place in the prefill queue",
                           source.id)
 
@@ -228,7 +228,7 @@ class TropicalPolicy(Policy):
     @staticmethod
     def _multiplexed(req: Request, worker: WorkerState, path1_finish: float, finish: float,
                      source: int | None = None) -> Assignment:
-        return Assignment(req, worker.id, Path.MULTIPLEX,
+        return Assignment(req, worker.id, PrefillPath.MULTIPLEX,
                           f"TTFT at risk on prefill workers (predicted {path1_finish - req.arrival:.3f}s "
                           f"> SLO {req.slo.ttft:.3f}s); multiplexed, predicted {finish - req.arrival:.3f}s",
                           source)
@@ -340,7 +340,7 @@ class TropicalPolicy(Policy):
         target = min(multiplex, key=lambda w: (w.unfinished_tokens, w.id), default=None)
         if target is None:
             raise RuntimeError("no live worker takes new requests")
-        return Assignment(req, target.id, Path.FALLBACK, "no live prefill worker")
+        return Assignment(req, target.id, PrefillPath.FALLBACK, "no live prefill worker")
 
 
 def _split(workers: Sequence[WorkerState]) -> tuple[list[WorkerState], list[WorkerState]]:

@@ -108,3 +108,10 @@ def test_twin_decides_with_the_servers_predictor_but_runs_at_the_measured_speed(
     assert bare.path is RequestPath.PREFILL_WORKER and judged_slow.path is not RequestPath.PREFILL_WORKER
     assert twin.path is bare.path and twin.reason == bare.reason
     assert ttft(twin) > 5 * ttft(bare), "the twin still runs at the measured (10x slower) speed"
+
+
+def test_the_server_decides_by_the_studys_slos_as_its_twin_does() -> None:
+    args = FidelityConfig("p.json", SHAPE, slo_ttft_ms=3000.0, slo_tpot_ms=300.0).serve_args("tropical+")
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert (float(flags["--slo-ttft-ms"]), float(flags["--slo-tpot-ms"])) == (3000.0, 300.0)
+    assert flags["--policy"] == "tropical+"

@@ -49,7 +49,9 @@ class FidelityConfig:
                            slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms, timeout=300.0)
 
     def serve_args(self, policy: str) -> list[str]:
+        """The server gets the study's SLOs too: the toggle decides by them, as its twin does."""
         return ["--model", self.model, "--profile", self.profile, "--threads", str(self.threads),
+                "--slo-ttft-ms", str(self.slo_ttft_ms), "--slo-tpot-ms", str(self.slo_tpot_ms),
                 *self.shape.serve_args(policy)]
 
 

@@ -87,10 +87,6 @@ class VllmRouter:
             await asyncio.sleep(0.05)
 
     @property
-    def in_flight(self) -> int:
-        return len(self.handles)
-
-    @property
     def unavailable(self) -> str | None:
         """Why no new request could be served now (for /health), or None when one could."""
         return SHUTTING_DOWN if self.draining else serving_error(self.workers)

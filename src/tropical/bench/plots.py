@@ -7,9 +7,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tropical.bench.record import STALL_S
 from tropical.bench.run import BenchRun
-from tropical.core.metrics import attains, tpot, ttft
+from tropical.core.metrics import STALL_S, attains, tpot, ttft
 from tropical.report.figures import cdf, save
 
 MAX_WINDOWS = 20

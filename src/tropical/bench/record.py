@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tropical.core.metrics import STALL_S
 from tropical.core.request import Request
 from tropical.core.slo import SLO
-
-STALL_S = 1.0  # an inter-chunk gap longer than this is a stall
 
 
 @dataclass(slots=True)

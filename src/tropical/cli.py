@@ -261,6 +261,8 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
         "vllm_out": "folder for the vLLM instances' logs",
         "nixl_poll_delay_us": "CPU only, opt-in: let NIXL's progress thread sleep this long between polls "
                               "(it spins a core otherwise; docs/vllm.md)",
+        "iteration_log": "write every iteration (worker, batch shape, wall, compute and predicted "
+                         "seconds) to this file as JSON lines; tropical fidelity prices its twin by them",
     }
     add_fields_as_options(parser, ServeOptions, helps)
 

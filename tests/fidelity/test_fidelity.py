@@ -18,9 +18,10 @@ from tropical.core.request import PrefillPath as RequestPath
 from tropical.core.slo import SLO
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS
-from tropical.fidelity.overheads import adjusted, frontend_latency
+from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed
 from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
+from tropical.serve.iteration_log import IterationRecord, read_iterations
 
 SHAPE = ServerShape(kv_tokens=4096, block_size=16, max_model_len=512, max_batched_tokens=256)
 
@@ -47,6 +48,23 @@ def test_adjustment_comes_from_the_servers_counters() -> None:
     server_ttft = {"tropical_ttft_seconds_count": 4.0, "tropical_ttft_seconds_sum": 0.4}
     assert frontend_latency(server_ttft, 0.13) == pytest.approx(0.03)
     assert frontend_latency({}, 0.13) == 0.0
+
+
+def test_measured_speed_is_the_profile_refitted_to_the_runs_iterations() -> None:
+    """The run's engine decodes 3x slower per sequence than profiled and prefills as profiled: a
+    refit carries both, where one compute scale could only average them."""
+    profile, live = linear_model(), linear_model(decode_per_seq=3e-4, decode_intercept=0.002)
+    shapes = [BatchShape.decode(b, b * c) for b in (1, 4, 16) for c in (100, 400)]
+    shapes += [BatchShape.prefill(n, k) for n in (50, 200, 800) for k in (0, 100)]
+    shapes += [BatchShape.of_batch([(n, 0)], b, b * 200) for n in (100, 400) for b in (2, 8)]
+    records = [IterationRecord(0, float(i), s, live.iteration_time(s) + 0.003, live.iteration_time(s),
+                               profile.iteration_time(s)) for i, s in enumerate(shapes)]
+    speed = measured_speed(profile, records)
+    assert speed.overhead == pytest.approx(0.003)
+    unseen = (BatchShape.decode(8, 2400), BatchShape.prefill(300), BatchShape.of_batch([(150, 0)], 4, 800))
+    for shape in unseen:
+        assert speed.iteration_time(shape) == pytest.approx(live.iteration_time(shape) + 0.003, rel=1e-3)
+    assert speed.transfer_time(100) == profile.transfer_time(100)
 
 
 @pytest.mark.parametrize("policy", ["colocated", "disagg", "tropical"])
@@ -81,6 +99,8 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     run = policy["runs"][0]
     assert run["real_completed"] == 8 and not math.isnan(run["relative_error"]["ttft_p50_s"])
     assert run["adjustment"]["compute_scale"] > 0 and run["adjustment"]["iteration_overhead_s"] >= 0
+    assert run["adjustment"]["speed"]["decode_per_seq"] >= 0, "the twin runs at the speed the server logged"
+    assert read_iterations(out / "logs" / "serve-tropical-1.iterations.jsonl")
     assert run["adjustment"]["frontend_s"] >= 0 and run["sim_goodput_rps"] > 0
     assert (out / "tropical" / "1" / "requests.jsonl").exists()
     assert "Path agreement" in (out / "fidelity.md").read_text()
@@ -111,7 +131,8 @@ def test_twin_decides_with_the_servers_predictor_but_runs_at_the_measured_speed(
 
 
 def test_the_server_decides_by_the_studys_slos_as_its_twin_does() -> None:
-    args = FidelityConfig("p.json", SHAPE, slo_ttft_ms=3000.0, slo_tpot_ms=300.0).serve_args("tropical+")
+    config = FidelityConfig("p.json", SHAPE, slo_ttft_ms=3000.0, slo_tpot_ms=300.0)
+    args = config.serve_args("tropical+", Path("it.jsonl"))
     flags = dict(zip(args[::2], args[1::2], strict=True))
     assert (float(flags["--slo-ttft-ms"]), float(flags["--slo-tpot-ms"])) == (3000.0, 300.0)
-    assert flags["--policy"] == "tropical+"
+    assert flags["--policy"] == "tropical+" and flags["--iteration-log"] == "it.jsonl"

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 
 from tropical.core.latency.adjusted import AdjustedModel
+from tropical.core.latency.fitted import FittedModel
+from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import Summary
 from tropical.fidelity.paths import PathComparison
 
@@ -30,8 +32,8 @@ def relative_error(real: float, sim: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """One policy's real run, its twin on the bare profile, and its twin with the serving
-    overheads the server measured (``adjustment`` per iteration, ``frontend_s`` per request);
+    """One policy's real run, its twin on the bare profile, and its twin at the speed and with the
+    serving overheads the server measured (``adjustment`` per iteration, ``frontend_s`` per request);
     ``paths`` compares the server's path per request with the adjusted twin's."""
 
     policy: str
@@ -51,7 +53,13 @@ class Comparison:
                 "sim_profile_only": values(self.profile_only),
                 "relative_error_profile_only": relative_errors(self.real, self.profile_only),
                 "adjustment": {"compute_scale": a.scale, "iteration_overhead_s": a.overhead,
-                               "frontend_s": self.frontend_s},
+                               "frontend_s": self.frontend_s, "speed": _coefficients(a.base)},
                 "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
                 "paths": self.paths.as_dict(), "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}
+
+
+def _coefficients(model: LatencyModel) -> dict[str, object] | None:
+    """The twin's speed model when it is a fitted one (refitted to the run's iterations), so the
+    run can be re-simulated from its JSON alone."""
+    return model.to_dict() if isinstance(model, FittedModel) else None

@@ -12,10 +12,11 @@ from tropical.bench.run import BenchRun, run_bench
 from tropical.calibration.store import load_profile
 from tropical.core.metrics import goodput, summarize
 from tropical.fidelity.compare import Comparison
-from tropical.fidelity.overheads import adjusted, frontend_latency, scrape
+from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, scrape
 from tropical.fidelity.paths import compare_paths
 from tropical.fidelity.repeats import PolicyRepeats
 from tropical.fidelity.twin import ServerShape, simulate_twin
+from tropical.serve.iteration_log import read_iterations
 from tropical.serve.process import ServerProcess
 
 
@@ -48,23 +49,27 @@ class FidelityConfig:
         return BenchConfig(url, self.trace, self.rate_scale, self.length_scale, self.limit, seed=self.seed,
                            slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms, timeout=300.0)
 
-    def serve_args(self, policy: str) -> list[str]:
-        """The server gets the study's SLOs too: the toggle decides by them, as its twin does."""
+    def serve_args(self, policy: str, iteration_log: Path) -> list[str]:
+        """The server gets the study's SLOs too: the toggle decides by them, as its twin does; it
+        logs every iteration, which prices the twin."""
         return ["--model", self.model, "--profile", self.profile, "--threads", str(self.threads),
                 "--slo-ttft-ms", str(self.slo_ttft_ms), "--slo-tpot-ms", str(self.slo_tpot_ms),
-                *self.shape.serve_args(policy)]
+                "--iteration-log", str(iteration_log), *self.shape.serve_args(policy)]
 
 
 def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison, BenchRun]:
-    """The real run and its simulated twin for one policy; the server logs to ``log``."""
-    server = ServerProcess.start(cfg.serve_args(policy), log)
+    """The real run and its simulated twin for one policy; the server logs to ``log`` and its
+    iterations to ``log`` with the suffix ``.iterations.jsonl``."""
+    iterations = log.with_suffix(".iterations.jsonl")
+    server = ServerProcess.start(cfg.serve_args(policy, iterations), log)
     try:
         real = run_bench(cfg.bench(server.url))
         totals = scrape(server.url)
     finally:
         server.stop()
     profile = load_profile(cfg.profile)
-    adjustment = adjusted(profile, totals)
+    records = read_iterations(iterations)
+    adjustment = measured_speed(profile, records) if records else adjusted(profile, totals)
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
     bare = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, profile)
     modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, adjustment, frontend, profile)

@@ -17,6 +17,7 @@ from tropical.core.latency.fitted import FittedModel
 from tropical.core.slo import SLOSpec
 from tropical.engine.loader import cache_root
 from tropical.sched.worker import worker_state
+from tropical.serve.iteration_log import IterationLog
 from tropical.serve.messages import Profile, Ready, WorkerLaunch
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.options import ServeOptions, placements, policy_and_roles
@@ -41,6 +42,8 @@ class Cluster:
         for client in self.clients:
             client.stop()
         self.backend.close()
+        if self.router.iteration_log is not None:
+            self.router.iteration_log.close()
 
 
 async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
@@ -62,7 +65,9 @@ async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
                for r, role in zip(readies, roles, strict=True)]
     max_len = min(r.max_model_len for r in readies)
     settings = RouterSettings(options.max_waiting, _slo(options), max_len)
-    router = Router(policy, workers, clients, readies[0].tokenizer, latency, settings, metrics)
+    log = IterationLog(options.iteration_log) if options.iteration_log else None
+    router = Router(policy, workers, clients, readies[0].tokenizer, latency, settings, metrics,
+                    iteration_log=log)
     router.start()
     name = options.served_model_name or readies[0].model_name
     return Cluster(router, clients, backend, note, name, max_len)

@@ -53,6 +53,7 @@ class ServeOptions(PolicyConfig):
     vllm_python: str = ".venv-vllm/bin/python"
     vllm_out: str = "out/serve-vllm"
     nixl_poll_delay_us: int = 0
+    iteration_log: str | None = None
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
@@ -79,6 +80,8 @@ class ServeOptions(PolicyConfig):
         if self.nixl_poll_delay_us and (self.engine != "vllm" or self.device != "cpu"):
             raise ValueError("--nixl-poll-delay-us is a CPU workaround for vLLM's NIXL connector: "
                              "it needs --engine vllm on --device cpu")
+        if self.iteration_log is not None and self.engine != "tropical":
+            raise ValueError("--iteration-log records our engine's iterations: it needs --engine tropical")
         if self.ray_max_restarts < -1:
             raise ValueError(f"--ray-max-restarts must be -1 (no limit) or more, got {self.ray_max_restarts}")
         placements(self, policy_and_roles(self)[1])

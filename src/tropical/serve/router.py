@@ -23,10 +23,12 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO, SLOSpec
 from tropical.sched.admission import NO_LIVE_WORKER, serving_error
+from tropical.sched.batching import Batch
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrate, Wake
 from tropical.sched.policy import Policy
 from tropical.sched.step import TokenSequence, record_tokens, step_spec
 from tropical.sched.worker import WorkerState
+from tropical.serve.iteration_log import IterationLog, IterationRecord
 from tropical.serve.messages import Free as FreeKV
 from tropical.serve.messages import Step, StepDone
 from tropical.serve.metrics import ServerMetrics
@@ -80,7 +82,8 @@ class Router:
     def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerHandle],
                  tokenizer: Tokenizer, reference: LatencyModel,
                  settings: RouterSettings, metrics: ServerMetrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 iteration_log: IterationLog | None = None) -> None:
         self.cluster = Cluster(workers, policy, settings.max_context)
         self.clients = list(clients)
         self.eos = frozenset(tokenizer.eos_token_ids)
@@ -89,6 +92,7 @@ class Router:
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
+        self.iteration_log = iteration_log
         self.handles: dict[int, RequestHandle] = {}
         self.sequences: dict[int, TokenSequence] = {}
         self._ids = itertools.count()
@@ -231,13 +235,21 @@ class Router:
         self._stream(worker_id, done.tokens, booking.finished)
         self._carry_out(booking.effects)
         self._report(worker)
-        self.metrics.record_iteration(worker_id, self.clock() - start, done.seconds, predicted)
-        self.metrics.record_prefill_chunks(sum(c + n < r.prompt_len for r, n, c in batch.prefills))
+        self._record_iteration(worker_id, batch, start, done.seconds, predicted)
         if any(isinstance(e, Migrate) for e in booking.effects):
             # Let the migrations just started send their exports now, so they run at this boundary
             # instead of waiting behind the worker's next iteration (the simulator moves KV at once).
             await asyncio.sleep(0)
         return True
+
+    def _record_iteration(self, worker_id: int, batch: Batch, start: float, compute: float,
+                          predicted: float) -> None:
+        """An iteration's times into /metrics, and into the iteration log when there is one."""
+        wall = self.clock() - start
+        self.metrics.record_iteration(worker_id, wall, compute, predicted)
+        self.metrics.record_prefill_chunks(sum(c + n < r.prompt_len for r, n, c in batch.prefills))
+        if self.iteration_log is not None:
+            self.iteration_log.write(IterationRecord(worker_id, start, batch.shape, wall, compute, predicted))
 
     async def _call(self, worker_id: int, command: object) -> object | None:
         """A command to a worker; None if the worker died (its requests are failed elsewhere)."""

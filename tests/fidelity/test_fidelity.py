@@ -59,12 +59,30 @@ def test_measured_speed_is_the_profile_refitted_to_the_runs_iterations() -> None
     shapes += [BatchShape.of_batch([(n, 0)], b, b * 200) for n in (100, 400) for b in (2, 8)]
     records = [IterationRecord(0, float(i), s, live.iteration_time(s) + 0.003, live.iteration_time(s),
                                profile.iteration_time(s)) for i, s in enumerate(shapes)]
-    speed = measured_speed(profile, records)
-    assert speed.overhead == pytest.approx(0.003)
+    speed, idle = measured_speed(profile, records, workers=2)
+    assert speed.overhead == pytest.approx(0.003) and speed.scale == pytest.approx(1.0)
+    assert idle == speed, "a worker that ran nothing gets the pooled speed"
     unseen = (BatchShape.decode(8, 2400), BatchShape.prefill(300), BatchShape.of_batch([(150, 0)], 4, 800))
     for shape in unseen:
         assert speed.iteration_time(shape) == pytest.approx(live.iteration_time(shape) + 0.003, rel=1e-3)
     assert speed.transfer_time(100) == profile.transfer_time(100)
+
+
+def test_each_workers_speed_sums_to_its_live_compute_time() -> None:
+    """Contention slows one worker's iterations now and then: the refit follows the typical
+    iteration, the worker's scale makes its iterations' sum match what they took live."""
+    live = linear_model()
+    shapes = [BatchShape.decode(b, b * 300) for b in (1, 2, 4, 8)] * 5
+    shapes += [BatchShape.prefill(n) for n in (64, 512)] * 5
+    slowdown = [3.0 if i % 10 == 0 else 1.0 for i in range(len(shapes))]
+    records = [IterationRecord(i % 2, float(i), s, 1.0, live.iteration_time(s) * slowdown[i],
+                               live.iteration_time(s)) for i, s in enumerate(shapes)]
+    speeds = measured_speed(live, records, workers=2)
+    for w, speed in enumerate(speeds):
+        mine = [r for r in records if r.worker == w]
+        assert sum(speed.iteration_time(r.shape) - speed.overhead for r in mine) == pytest.approx(
+            sum(r.compute for r in mine))
+    assert speeds[0].scale > 1.2 * speeds[1].scale, "worker 0 had every 3x slow iteration"
 
 
 @pytest.mark.parametrize("policy", ["colocated", "disagg", "tropical"])
@@ -98,12 +116,22 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert ttft["min"] <= ttft["mean"] <= ttft["max"] and set(policy["sim_within_spread"]) >= set(METRICS)
     run = policy["runs"][0]
     assert run["real_completed"] == 8 and not math.isnan(run["relative_error"]["ttft_p50_s"])
-    assert run["adjustment"]["compute_scale"] > 0 and run["adjustment"]["iteration_overhead_s"] >= 0
+    assert min(run["adjustment"]["compute_scale"]) > 0 and min(run["adjustment"]["iteration_overhead_s"]) >= 0
     assert run["adjustment"]["speed"]["decode_per_seq"] >= 0, "the twin runs at the speed the server logged"
     assert read_iterations(out / "logs" / "serve-tropical-1.iterations.jsonl")
     assert run["adjustment"]["frontend_s"] >= 0 and run["sim_goodput_rps"] > 0
     assert (out / "tropical" / "1" / "requests.jsonl").exists()
     assert "Path agreement" in (out / "fidelity.md").read_text()
+
+
+def test_each_twin_worker_runs_at_its_own_speed() -> None:
+    planned = [PlannedRequest(0, 0.0, 50, 6)]
+    slow_decoder = [linear_model(), AdjustedModel(linear_model(), scale=10.0)]
+    bare = simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, linear_model())[0]
+    twin = simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, slow_decoder, predictor=linear_model())[0]
+    assert ttft(twin) == pytest.approx(ttft(bare)) and tpot(twin) == pytest.approx(10 * tpot(bare), rel=0.05)
+    with pytest.raises(ValueError, match="runs 2 workers; got 3 latency models"):
+        simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, [linear_model()] * 3)
 
 
 def test_frontend_latency_adds_to_ttft_not_tpot() -> None:

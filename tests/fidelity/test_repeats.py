@@ -24,7 +24,7 @@ def served(ttft: float) -> list:
 def run(policy: str, real_ttft: float, sim_ttft: float, goodput: tuple[float, float] = (1.0, 1.0),
         paths: PathComparison | None = None) -> Comparison:
     sim = summarize(served(sim_ttft))
-    return Comparison(policy, summarize(served(real_ttft)), sim, sim, AdjustedModel(linear_model()), 0.0,
+    return Comparison(policy, summarize(served(real_ttft)), sim, sim, (AdjustedModel(linear_model()),), 0.0,
                       goodput[0], goodput[1], paths or PathComparison(10, 10, None))
 
 

@@ -33,33 +33,35 @@ def relative_error(real: float, sim: float) -> float:
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """One policy's real run, its twin on the bare profile, and its twin at the speed and with the
-    serving overheads the server measured (``adjustment`` per iteration, ``frontend_s`` per request);
+    serving overheads the server measured (``speeds``, one per worker: compute and overhead per
+    iteration; ``frontend_s`` per request);
     ``paths`` compares the server's path per request with the adjusted twin's."""
 
     policy: str
     real: Summary
     profile_only: Summary
     adjusted: Summary
-    adjustment: AdjustedModel
+    speeds: tuple[AdjustedModel, ...]
     frontend_s: float
     goodput_rps: float
     sim_goodput_rps: float
     paths: PathComparison
 
     def as_dict(self) -> dict[str, object]:
-        a = self.adjustment
+        a = self.speeds
         return {"policy": self.policy, "real": values(self.real), "sim": values(self.adjusted),
                 "relative_error": relative_errors(self.real, self.adjusted),
                 "sim_profile_only": values(self.profile_only),
                 "relative_error_profile_only": relative_errors(self.real, self.profile_only),
-                "adjustment": {"compute_scale": a.scale, "iteration_overhead_s": a.overhead,
-                               "frontend_s": self.frontend_s, "speed": _coefficients(a.base)},
+                "adjustment": {"compute_scale": [s.scale for s in a],
+                               "iteration_overhead_s": [s.overhead for s in a],
+                               "frontend_s": self.frontend_s, "speed": _coefficients(a[0].base)},
                 "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
                 "paths": self.paths.as_dict(), "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}
 
 
 def _coefficients(model: LatencyModel) -> dict[str, object] | None:
-    """The twin's speed model when it is a fitted one (refitted to the run's iterations), so the
-    run can be re-simulated from its JSON alone."""
+    """The twin's speed model when it is a fitted one (refitted to the run's iterations; every
+    worker shares it, each with its own scale), so the run can be re-simulated from its JSON."""
     return model.to_dict() if isinstance(model, FittedModel) else None

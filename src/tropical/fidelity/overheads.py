@@ -43,23 +43,36 @@ def adjusted(profile: LatencyModel, totals: dict[str, float]) -> AdjustedModel:
     return AdjustedModel(profile, scale, max(0.0, (wall - compute) / iterations))
 
 
-def measured_speed(profile: FittedModel, records: Sequence[IterationRecord]) -> AdjustedModel:
-    """The engine's speed as the run measured it, iteration by iteration: the profile's model
-    refitted to every iteration's compute time, plus the mean gap between the router's wall time
-    and the worker's compute.
+def measured_speed(profile: FittedModel, records: Sequence[IterationRecord],
+                   workers: int) -> list[AdjustedModel]:
+    """Each worker's speed as the run measured it, iteration by iteration: the profile's model
+    refitted to every iteration's compute time, scaled per worker so that its logged iterations
+    take, in sum, the compute time they took live, plus that worker's mean gap between the
+    router's wall time and its compute. A worker that ran nothing gets the pooled numbers.
 
     One compute scale (``adjusted``) cannot carry an error whose sign depends on the batch: on the
     published study's runs the profile priced small decodes at 1.7x their live time while prefills
-    ran at or above it, and the scale, weighted by time, averaged the two away. Migrations keep
-    the profile's transfer (see ``adjusted``).
+    ran at or above it, and the scale, weighted by time, averaged the two away. The refit alone
+    follows the typical iteration (it minimizes relative error), but contention makes some
+    iterations much slower than typical, never much faster, so it priced a contended run's
+    iterations 15-20% short in sum; queues drain at the sum's pace. Migrations keep the
+    profile's transfer (see ``adjusted``).
     """
     from tropical.engine.profiler import Sample, fit_samples  # loads torch: only once a run has ended
 
     samples = [Sample(_kind(r.shape), r.shape, r.compute) for r in records if r.compute > 0]
     fitted = fit_samples(samples, profile.kv_bytes_per_token, profile.transfer_bandwidth,
                          profile.transfer_latency).model
+    pooled = _worker_speed(fitted, records)
+    return [_worker_speed(fitted, mine) if (mine := [r for r in records if r.worker == w]) else pooled
+            for w in range(workers)]
+
+
+def _worker_speed(fitted: FittedModel, records: Sequence[IterationRecord]) -> AdjustedModel:
+    compute = sum(r.compute for r in records)
+    priced = sum(fitted.iteration_time(r.shape) for r in records)
     overhead = sum(r.wall - r.compute for r in records) / len(records)
-    return AdjustedModel(fitted, 1.0, max(0.0, overhead))
+    return AdjustedModel(fitted, compute / priced if priced > 0 else 1.0, max(0.0, overhead))
 
 
 def _kind(shape: BatchShape) -> str:

@@ -17,6 +17,7 @@ from tropical.fidelity.paths import compare_paths
 from tropical.fidelity.repeats import PolicyRepeats
 from tropical.fidelity.twin import ServerShape, simulate_twin
 from tropical.serve.iteration_log import read_iterations
+from tropical.serve.options import policy_and_roles
 from tropical.serve.process import ServerProcess
 
 
@@ -69,12 +70,13 @@ def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison,
         server.stop()
     profile = load_profile(cfg.profile)
     records = read_iterations(iterations)
-    adjustment = measured_speed(profile, records) if records else adjusted(profile, totals)
+    workers = len(policy_and_roles(cfg.shape.options(policy))[1])
+    speeds = measured_speed(profile, records, workers) if records else [adjusted(profile, totals)] * workers
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
     bare = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, profile)
-    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, adjustment, frontend, profile)
+    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, speeds, frontend, profile)
     paths = compare_paths(real.measurements, modeled)
-    return Comparison(policy, real.summary.core, summarize(bare), summarize(modeled), adjustment, frontend,
+    return Comparison(policy, real.summary.core, summarize(bare), summarize(modeled), tuple(speeds), frontend,
                       real.summary.goodput_rps, goodput(modeled), paths), real
 
 

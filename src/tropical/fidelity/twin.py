@@ -38,19 +38,23 @@ class ServerShape:
 
 
 def simulate_twin(planned: Sequence[PlannedRequest], slo: SLO, policy: str, shape: ServerShape,
-                  latency: LatencyModel, frontend: float = 0.0,
+                  latency: LatencyModel | Sequence[LatencyModel], frontend: float = 0.0,
                   predictor: LatencyModel | None = None) -> list[Request]:
-    """Simulate ``planned`` on the server's cluster, iterations timed by ``latency``. Each request
-    reaches the cluster ``frontend`` seconds after it is sent (HTTP, parsing, streaming back), and
-    is timed from its send. The policy predicts with ``predictor`` (default ``latency``): the
-    server's policy predicts with the bare profile it was started with, whatever the machine's
-    real speed, so a twin deciding with the measured speed would choose other paths."""
+    """Simulate ``planned`` on the server's cluster, iterations timed by ``latency`` (one model for
+    every worker, or one per worker). Each request reaches the cluster ``frontend`` seconds after
+    it is sent (HTTP, parsing, streaming back), and is timed from its send. The policy predicts
+    with ``predictor`` (default: the first worker's ``latency``): the server's policy predicts
+    with the bare profile it was started with, whatever the machine's real speed, so a twin
+    deciding with the measured speed would choose other paths."""
     chosen, roles = policy_and_roles(shape.options(policy))
+    speeds = list(latency) if isinstance(latency, Sequence) else [latency] * len(roles)
+    if len(speeds) != len(roles):
+        raise ValueError(f"policy {policy} runs {len(roles)} workers; got {len(speeds)} latency models")
     blocks = -(-shape.kv_tokens // shape.block_size)
-    workers = [worker_state(i, role, chosen.rules(role), blocks, shape.block_size, predictor or latency)
+    workers = [worker_state(i, role, chosen.rules(role), blocks, shape.block_size, predictor or speeds[0])
                for i, role in enumerate(roles)]
     requests = [Request(p.id, p.send_at + frontend, p.prompt_len, p.output_len, slo) for p in planned]
-    done = Simulator(workers, chosen, requests, shape.max_model_len, truth=[latency] * len(workers)).run()
+    done = Simulator(workers, chosen, requests, shape.max_model_len, truth=speeds).run()
     for req in done:
         req.arrival -= frontend
     return done

@@ -122,6 +122,12 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert run["adjustment"]["frontend_s"] >= 0 and run["sim_goodput_rps"] > 0
     assert (out / "tropical" / "1" / "requests.jsonl").exists()
     assert "Path agreement" in (out / "fidelity.md").read_text()
+    assert main(["fidelity", "--replay", str(out), "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed == document, "a replay prices exactly the recorded runs, as the live study did"
+    (out / "logs" / "serve-tropical-1.iterations.jsonl").unlink()
+    assert main(["fidelity", "--replay", str(out)]) != 0
+    assert "iterations.jsonl: missing" in capsys.readouterr().err
 
 
 def test_each_twin_worker_runs_at_its_own_speed() -> None:

@@ -8,10 +8,12 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tropical.bench.output import write_outputs
 from tropical.fidelity.plots import real_cdfs, real_vs_sim
-from tropical.fidelity.repeats import median_abs_error, path_agreement
+from tropical.fidelity.repeats import PolicyRepeats, median_abs_error, path_agreement
+from tropical.fidelity.replay import replay_study
 from tropical.fidelity.report import report
 from tropical.fidelity.run import FidelityConfig, run_study
 from tropical.fidelity.twin import ServerShape
@@ -39,9 +41,16 @@ def add_fidelity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batched-tokens", type=int, default=d.shape.max_batched_tokens)
     parser.add_argument("--out", default="out/fidelity")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--replay", metavar="DIR",
+                        help="price the study recorded in DIR again, without a server (its fidelity.json, "
+                             "requests.jsonl and iteration logs); rewrites DIR's fidelity.md, fidelity.json "
+                             "and real_vs_sim.png")
 
 
 def fidelity_main(args: argparse.Namespace) -> int:
+    if args.replay:
+        settings, policies = replay_study(Path(args.replay))
+        return publish(policies, Path(args.replay), settings, args.json)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shape = ServerShape(args.kv_tokens, 16, args.max_model_len, args.max_batched_tokens, args.workers)
@@ -57,9 +66,14 @@ def fidelity_main(args: argparse.Namespace) -> int:
     for repeats, runs in study:
         for k, run in enumerate(runs, 1):
             write_outputs(run, out / repeats.policy / str(k))
-    real_vs_sim(policies, out / "real_vs_sim.png")
     real_cdfs([runs[0] for _, runs in study], [p.policy for p in policies], out / "real_latency_cdfs.png")
-    settings = {k: v for k, v in vars(args).items() if k != "func"}
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "replay")}
+    return publish(policies, out, settings, args.json)
+
+
+def publish(policies: list[PolicyRepeats], out: Path, settings: dict[str, Any], as_json: bool) -> int:
+    """The study's report, JSON and real-vs-simulated plot in ``out``, and on stdout."""
+    real_vs_sim(policies, out / "real_vs_sim.png")
     document = {"config": settings, "median_abs_error": _null(median_abs_error(policies)),
                 "path_agreement": _null(path_agreement(policies)), "spread": "min..max over the repeats",
                 "policies": [p.as_dict() for p in policies]}
@@ -67,7 +81,7 @@ def fidelity_main(args: argparse.Namespace) -> int:
     text = report(policies)
     (out / "fidelity.md").write_text(text + "\n")
     wrote = f"wrote {out / 'fidelity.md'} and {out / 'fidelity.json'}"
-    print(json.dumps(document) if args.json else f"{text}\n{wrote}")
+    print(json.dumps(document) if as_json else f"{text}\n{wrote}")
     return 0
 
 

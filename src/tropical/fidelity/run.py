@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tropical.bench.config import BenchConfig
+from tropical.bench.plan import PlannedRequest
+from tropical.bench.record import Measurement
 from tropical.bench.run import BenchRun, run_bench
 from tropical.calibration.store import load_profile
+from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import goodput, summarize
+from tropical.core.slo import SLO
 from tropical.fidelity.compare import Comparison
 from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, scrape
 from tropical.fidelity.paths import compare_paths
@@ -73,11 +77,29 @@ def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison,
     workers = len(policy_and_roles(cfg.shape.options(policy))[1])
     speeds = measured_speed(profile, records, workers) if records else [adjusted(profile, totals)] * workers
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
-    bare = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, profile)
-    modeled = simulate_twin(real.planned, real.config.slo, policy, cfg.shape, speeds, frontend, profile)
-    paths = compare_paths(real.measurements, modeled)
-    return Comparison(policy, real.summary.core, summarize(bare), summarize(modeled), tuple(speeds), frontend,
-                      real.summary.goodput_rps, goodput(modeled), paths), real
+    recorded = RecordedRun(real.planned, real.measurements, real.config.slo)
+    return price_run(recorded, policy, cfg.shape, profile, speeds, frontend), real
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRun:
+    """What a live run leaves to compare its twin with: the requests planned and what the client
+    measured of each, under the run's SLOs."""
+
+    planned: Sequence[PlannedRequest]
+    measured: Sequence[Measurement]
+    slo: SLO
+
+
+def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: LatencyModel,
+              speeds: Sequence[LatencyModel], frontend: float) -> Comparison:
+    """The run against its twins: on the bare ``profile``, and at the run's measured ``speeds``
+    (one per worker) and ``frontend`` latency; both decide with ``profile``, as the server did."""
+    real = [m.to_request(run.slo) for m in run.measured]
+    bare = simulate_twin(run.planned, run.slo, policy, shape, profile)
+    modeled = simulate_twin(run.planned, run.slo, policy, shape, speeds, frontend, profile)
+    return Comparison(policy, summarize(real), summarize(bare), summarize(modeled), tuple(speeds), frontend,
+                      goodput(real), goodput(modeled), compare_paths(run.measured, modeled))
 
 
 def run_study(cfg: FidelityConfig, logs: Path,

@@ -1,0 +1,72 @@
+"""Price a recorded study again without its server: `tropical fidelity --replay DIR`.
+
+A study leaves, per run, what the client measured of every request (``requests.jsonl``), every
+iteration the server ran (its iteration log) and the front-end latency it measured
+(``fidelity.json``). That is all the twin needs, so a change to the simulator, the policy or the
+way the twin is priced can be checked on the very runs the study made, in seconds, instead of
+another hour of live runs on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tropical.bench.plan import PlannedRequest
+from tropical.bench.record import Measurement
+from tropical.calibration.store import load_profile
+from tropical.core.latency.fitted import FittedModel
+from tropical.core.slo import SLO
+from tropical.fidelity.compare import Comparison
+from tropical.fidelity.overheads import measured_speed
+from tropical.fidelity.repeats import PolicyRepeats
+from tropical.fidelity.run import RecordedRun, price_run
+from tropical.fidelity.twin import ServerShape
+from tropical.serve.iteration_log import read_iterations
+from tropical.serve.options import policy_and_roles
+
+
+def replay_study(out: Path) -> tuple[dict[str, Any], list[PolicyRepeats]]:
+    """The study recorded in ``out`` (its ``fidelity.json``, per-run outputs and logs), priced
+    again; returns its settings and every policy's repeats."""
+    document = json.loads((out / "fidelity.json").read_text())
+    config = document["config"]
+    shape = ServerShape(config["kv_tokens"], 16, config["max_model_len"], config["max_batched_tokens"],
+                        config["workers"])
+    slo = SLO(config["slo_ttft_ms"] / 1e3, config["slo_tpot_ms"] / 1e3)
+    profile = load_profile(config["profile"] or out / "profile.json")
+    policies = []
+    for entry in document["policies"]:
+        policy = entry["policy"]
+        runs = [_price(out, policy, k, run["adjustment"]["frontend_s"], shape, slo, profile)
+                for k, run in enumerate(entry["runs"], 1)]
+        policies.append(PolicyRepeats(policy, tuple(runs)))
+    return config, policies
+
+
+def _price(out: Path, policy: str, repeat: int, frontend: float, shape: ServerShape, slo: SLO,
+           profile: FittedModel) -> Comparison:
+    log = out / "logs" / f"serve-{policy}-{repeat}.iterations.jsonl"
+    if not log.exists():
+        raise ValueError(f"{log}: missing; a study can be replayed only if its server logged its iterations")
+    workers = len(policy_and_roles(shape.options(policy))[1])
+    speeds = measured_speed(profile, read_iterations(log), workers)
+    return price_run(load_run(out / policy / str(repeat), slo), policy, shape, profile, speeds, frontend)
+
+
+def load_run(run_dir: Path, slo: SLO) -> RecordedRun:
+    """A run's planned requests and client measurements from its ``requests.jsonl``."""
+    lines = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    planned = [PlannedRequest(x["id"], x["scheduled_s"], x["prompt_tokens"], x["max_tokens"],
+                              capped=x["capped"]) for x in lines]
+    return RecordedRun(planned, [_measurement(x) for x in lines], slo)
+
+
+def _measurement(x: dict[str, Any]) -> Measurement:
+    chunks = x["chunk_times_s"]
+    counts = x["chunk_tokens"] or [None] * len(chunks)
+    end = chunks[-1] if chunks else x["sent_s"]
+    return Measurement(x["id"], x["prompt_tokens"], x["max_tokens"], x["sent_s"], chunks, counts,
+                       x["completion_tokens"], x["error"] is None, x["error"], end,
+                       x.get("path"), x.get("prefill_worker"), x.get("reason"))

@@ -127,7 +127,7 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert replayed == document, "a replay prices exactly the recorded runs, as the live study did"
     (out / "logs" / "serve-tropical-1.iterations.jsonl").unlink()
     assert main(["fidelity", "--replay", str(out)]) != 0
-    assert "iterations.jsonl: missing" in capsys.readouterr().err
+    assert "iterations.jsonl.gz: missing" in capsys.readouterr().err
 
 
 def test_each_twin_worker_runs_at_its_own_speed() -> None:

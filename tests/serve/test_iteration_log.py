@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ def test_records_read_back_as_written(tmp_path: Path) -> None:
     log.write(record)
     log.close()
     assert read_iterations(tmp_path / "it.jsonl") == [record]
+    (tmp_path / "it.jsonl.gz").write_bytes(gzip.compress((tmp_path / "it.jsonl").read_bytes()))
+    assert read_iterations(tmp_path / "it.jsonl.gz") == [record]
 
 
 def test_a_broken_line_is_named_by_its_number(tmp_path: Path) -> None:

@@ -47,12 +47,18 @@ def replay_study(out: Path) -> tuple[dict[str, Any], list[PolicyRepeats]]:
 
 def _price(out: Path, policy: str, repeat: int, frontend: float, shape: ServerShape, slo: SLO,
            profile: FittedModel) -> Comparison:
+    workers = len(policy_and_roles(shape.options(policy))[1])
+    speeds = measured_speed(profile, read_iterations(iteration_log(out, policy, repeat)), workers)
+    return price_run(load_run(out / policy / str(repeat), slo), policy, shape, profile, speeds, frontend)
+
+
+def iteration_log(out: Path, policy: str, repeat: int) -> Path:
+    """Where a study's run left its server's iteration log (gzipped once published)."""
     log = out / "logs" / f"serve-{policy}-{repeat}.iterations.jsonl"
+    log = log if log.exists() else log.with_suffix(".jsonl.gz")
     if not log.exists():
         raise ValueError(f"{log}: missing; a study can be replayed only if its server logged its iterations")
-    workers = len(policy_and_roles(shape.options(policy))[1])
-    speeds = measured_speed(profile, read_iterations(log), workers)
-    return price_run(load_run(out / policy / str(repeat), slo), policy, shape, profile, speeds, frontend)
+    return log
 
 
 def load_run(run_dir: Path, slo: SLO) -> RecordedRun:

@@ -8,6 +8,7 @@ study can price its twin by the iterations the server really ran (``fidelity.ove
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,9 +53,12 @@ class IterationLog:
 
 
 def read_iterations(path: str | Path) -> list[IterationRecord]:
-    """The records of an iteration log; a line that is not a record names its line number."""
+    """The records of an iteration log, gzipped or not (``.gz``: published studies keep theirs
+    small); a line that is not a record names its line number."""
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     records = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             records.append(IterationRecord.from_json(line))
         except (ValueError, TypeError, KeyError) as err:

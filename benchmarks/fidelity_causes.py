@@ -5,7 +5,8 @@ the servers' iteration logs) and prints, as markdown:
 
 1. the profile's error by kind of iteration: live compute time over the profile's prediction,
    summed (what queues feel) and as the median iteration, per policy;
-2. the serving overhead per iteration (router wall time minus worker compute) and the front end;
+2. the serving overhead per iteration (router wall time minus worker compute), the scale that
+   makes each worker's refitted iterations sum to their live compute time, and the front end;
 3. the study priced again with each way of timing the twin's iterations, from the earlier one
    (one compute scale on the profile) to the study's (the profile refitted to the run's
    iterations, scaled per worker to their live sum), with the median absolute error, the numbers
@@ -83,9 +84,12 @@ def overheads(runs: dict[str, list[list[IterationRecord]]], document: dict) -> s
         by_worker = sorted({r.worker for r in records})
         per = [statistics.fmean(r.wall - r.compute for r in records if r.worker == w) for w in by_worker]
         front = [run["adjustment"]["frontend_s"] * 1e3 for run in entry["runs"]]
+        scales = list(zip(*(run["adjustment"]["compute_scale"] for run in entry["runs"]), strict=True))
         rows.append([entry["policy"], " / ".join(f"{x * 1e3:.1f}" for x in per),
+                     " / ".join(f"{min(w):.2f}..{max(w):.2f}" for w in scales),
                      f"{min(front):.1f}..{max(front):.1f}"])
-    return markdown_table(["policy", "wall - compute per iteration, ms (by worker)", "front end, ms"], rows)
+    return markdown_table(["policy", "wall - compute per iteration, ms (by worker)",
+                           "refit's scale to the live sum (by worker, over repeats)", "front end, ms"], rows)
 
 
 def variants(out: Path, document: dict, runs: dict[str, list[list[IterationRecord]]],

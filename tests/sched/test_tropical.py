@@ -180,3 +180,18 @@ def test_largest_chunk_is_the_last_chunk_within_the_limit(most, linear, quadrati
         return 0.01 + linear * n + quadratic * n * n
     chunk = largest_chunk(most, time_of, limit)
     assert chunk == max((n for n in range(1, most + 1) if time_of(n) <= limit), default=0)
+
+
+def test_chunked_multiplexing_prices_a_long_prompt_by_its_attention_work():
+    """Chunks shrink as a long prompt's cached context grows: the predicted first token must
+    count that work (a token count would promise a fraction of the real time)."""
+    model = linear_model(prefill_per_pair=2e-8)
+    cluster = ClusterSpec("t", (WorkerSpec(REPLICA, model, 200_000),) * 2)
+    first = make_request(0, arrival=0.0, prompt=20_000, output=2, ttft=60.0, tpot=0.1)
+    second = make_request(1, arrival=0.01, prompt=16_000, output=2, ttft=9.0, tpot=0.1)
+    policy = make_policy("tropical+", PolicyParams(toggle=ToggleParams(num_prefill=1)))
+    Simulator(cluster.build(policy), policy, [first, second]).run()
+    assert second.path is PrefillPath.MULTIPLEX
+    predicted = float(second.reason.rsplit("predicted ", 1)[1].rstrip("s"))
+    actual = second.first_token - second.arrival
+    assert 0.85 * predicted <= actual <= predicted

@@ -153,7 +153,7 @@ def test_laxity_queues_least_ttft_slack_first_but_never_ahead_of_the_running_bat
     urgent = make_request(1, arrival=0.1, ttft=0.5)
     middle = make_request(2, arrival=0.2, ttft=2.0)
     worker.enqueue(relaxed)
-    worker.start_prefills([relaxed])                    # already running: stays first
+    worker.start_prefills([(relaxed, relaxed.prompt_len)])                    # already running: stays first
     for req in (urgent, middle):
         worker.enqueue(req)
     worker.enqueue(make_request(3, arrival=0.3, ttft=1.0))

@@ -45,7 +45,7 @@ def form_batch(worker: WorkerState, now: float = 0.0) -> Batch:
     ``now`` is the iteration's start; only the TPOT guard of multiplexing workers reads it.
     """
     batch = _guard_tpot(worker, _compose(worker), now)
-    worker.start_prefills([req for req, _, _ in batch.prefills])
+    worker.start_prefills([(req, new) for req, new, _ in batch.prefills])
     return batch
 
 

@@ -2,8 +2,10 @@
 
 Who decodes in it: the running batch (one token further if an iteration is in flight), KV that
 has landed or is on its way (it may land before the iteration starts: counting it is the safe
-side), and prompts finishing in the iteration in flight. ``peak_context`` is their context once
-each has all its output tokens (its ``kv_tokens``): what their decode iterations grow to.
+side), and prompts finishing in the iteration in flight. A prompt chunked in the iteration in
+flight is ``carried``: the rest of it is still to compute, ahead of the queue.
+``peak_context`` is their context once each has all its output tokens (its ``kv_tokens``):
+what their decode iterations grow to.
 Computed once per scheduling round, so trying many candidate prefills costs one latency
 prediction each.
 """
@@ -11,7 +13,6 @@ prediction each.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import islice
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
@@ -30,6 +31,7 @@ class NextIteration:
     queued: tuple[Request, ...]
     budget: TpotBudget
     peak_context: int = 0
+    carried: tuple[tuple[Request, int], ...] = ()
 
     @classmethod
     def of(cls, worker: WorkerState, now: float) -> NextIteration:
@@ -38,13 +40,17 @@ class NextIteration:
         ahead = int(busy)
         decodes = [Decoding(r, worker.generated(r) + ahead, r.first_token) for r in worker.running.values()]
         decodes += [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
-        if busy:
-            decodes += [Decoding(r, 1, start) for r in islice(worker.waiting, worker.batch_prefills)
-                        if r.computed == 0]
+        carried = []
+        for r in worker.in_flight() if busy else ():
+            left = r.remaining_prompt - worker.inflight.get(r.id, r.remaining_prompt)
+            if left > 0:
+                carried.append((r, left))
+            else:
+                decodes.append(Decoding(r, 1, start))
         context = sum(d.request.prompt_len + d.generated for d in decodes)
         peak = sum(d.request.kv_tokens for d in decodes)
         return cls(start, busy, tuple(decodes), context, tuple(worker.queued()), TpotBudget.of(decodes),
-                   peak)
+                   peak, tuple(carried))
 
     def shape(self, prefills: list[Request]) -> BatchShape:
         """The batch with these prefills added to the decodes."""

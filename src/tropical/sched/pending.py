@@ -26,17 +26,24 @@ class Pending:
     shape: BatchShape = BatchShape()
 
     @classmethod
-    def of(cls, worker: WorkerState, requests: Iterable[Request]) -> Pending:
+    def of(cls, worker: WorkerState, requests: Iterable[Request],
+           carried: Iterable[tuple[Request, int]] = ()) -> Pending:
+        """``carried``: prompts chunked in the iteration in flight, with the tokens they will
+        have left after it; they come first."""
         pending = cls()
+        for req, left in carried:
+            pending = pending.plus(req, worker, left)
         for req in requests:
             pending = pending.plus(req, worker)
         return pending
 
-    def plus(self, req: Request, worker: WorkerState) -> Pending:
-        """These prompts and ``req``, bound for ``worker``."""
+    def plus(self, req: Request, worker: WorkerState, left: int | None = None) -> Pending:
+        """These prompts and ``req``, bound for ``worker``, with ``left`` of its prompt tokens
+        still to compute (default: all it has not computed yet)."""
+        left = req.remaining_prompt if left is None else left
         reserve = 0 if req.id in worker.holds else worker.kv_tokens_needed(req)
-        return Pending(self.count + 1, self.tokens + req.remaining_prompt, self.kv_new + reserve,
-                       self.peak + req.kv_tokens, self.shape.plus_prefill(req.remaining_prompt, req.computed))
+        return Pending(self.count + 1, self.tokens + left, self.kv_new + reserve,
+                       self.peak + req.kv_tokens, self.shape.plus_prefill(left, req.prompt_len - left))
 
     def with_decodes(self, count: int, context: int) -> BatchShape:
         """One iteration running all these prompts whole beside ``count`` decodes."""

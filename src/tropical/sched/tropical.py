@@ -19,13 +19,14 @@ from tropical.core.latency.model import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
+from tropical.sched.chunk import Chunk
 from tropical.sched.dispatch import decode_destination
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import Decoding, SlackRule, TpotBudget, largest_chunk
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget
 from tropical.sched.worker import WorkerState
 
 
@@ -73,7 +74,7 @@ class TropicalPolicy(Policy):
                                      tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
-        self._chunks: dict[tuple[int, int | None], tuple[int, float]] = {}
+        self._chunks: dict[tuple[int, int | None], Chunk] = {}
         self._queued: dict[int, Pending] = {}
         self._demoted_ids: set[int] = set()
 
@@ -250,7 +251,7 @@ class TropicalPolicy(Policy):
             limit = min(nxt.budget.min_tpot, req.slo.tpot)
             if not self._decodes_fit(worker, nxt, prefills, limit):
                 return None
-            return self._chunked_finish(worker, nxt, prefills.tokens, limit)
+            return self._chunked_finish(worker, nxt, prefills, limit)
         iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
         if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
             return None
@@ -263,31 +264,33 @@ class TropicalPolicy(Policy):
         shape = BatchShape.decode(len(nxt.decodes) + prefills.count, nxt.peak_context + prefills.peak)
         return worker.latency.iteration_time(shape) <= limit
 
-    def _chunked_finish(self, worker: WorkerState, nxt: NextIteration, tokens: int,
+    def _chunked_finish(self, worker: WorkerState, nxt: NextIteration, prefills: Pending,
                         limit: float) -> float | None:
-        """End of the iteration that completes ``tokens`` prompt tokens fed in chunks, each
-        iteration at most ``limit`` long (the tightest TPOT SLO among its decodes as they stand
-        now and the request's own, which decodes there next)."""
-        chunk, iteration = self._chunk_of(worker, nxt, limit)
-        if chunk == 0:
-            return None
-        return nxt.start + math.ceil(tokens / chunk) * iteration
+        """End of the iteration that completes ``prefills`` fed in chunks, each iteration at
+        most ``limit`` long (the tightest TPOT SLO among its decodes as they stand now and the
+        request's own, which decodes there next).
 
-    def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> tuple[int, float]:
-        """The largest prompt chunk an iteration of ``worker`` of at most ``limit`` admits, and
-        that iteration's time; once per scheduling round and 1% band of limits (priced at the
-        band's floor, the safe side), so candidates with slightly different SLOs share it."""
+        Chunks shrink as a prompt's cached context grows, so the iterations are counted by
+        work, not tokens: the prompts' compute alone (attention over their whole context
+        included; chunking splits it without adding to it but for one fixed cost per chunk)
+        over what each iteration has room for beside its decodes."""
+        chunk = self._chunk_of(worker, nxt, limit)
+        if chunk.tokens == 0:
+            return None
+        work = worker.latency.iteration_time(prefills.shape) - chunk.overhead
+        steps = max(math.ceil(prefills.tokens / chunk.tokens), math.ceil(work / chunk.room))
+        return nxt.start + steps * chunk.iteration
+
+    def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
+        """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
+        once per scheduling round and 1% band of limits (priced at the band's floor, the safe
+        side), so candidates with slightly different SLOs share it."""
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
         key = (worker.id, band)
         if band is not None:
             limit = math.exp(band * _BAND)
         if key not in self._chunks:
-            decode = nxt.shape([])
-            room = worker.rules.token_budget - decode.decode_count
-            chunk = largest_chunk(room, lambda n: worker.latency.iteration_time(decode.plus_prefill(n, 0)),
-                                  limit)
-            time = worker.latency.iteration_time(decode.plus_prefill(chunk, 0)) if chunk else 0.0
-            self._chunks[key] = (chunk, time)
+            self._chunks[key] = Chunk.of(worker, nxt.shape([]), limit)
         return self._chunks[key]
 
     def _next_of(self, worker: WorkerState, now: float) -> NextIteration:
@@ -299,7 +302,8 @@ class TropicalPolicy(Policy):
     def _queued_of(self, worker: WorkerState, now: float) -> Pending:
         """The prompts queued on ``worker`` (not yet running), once per scheduling round."""
         if worker.id not in self._queued:
-            self._queued[worker.id] = Pending.of(worker, self._next_of(worker, now).queued)
+            nxt = self._next_of(worker, now)
+            self._queued[worker.id] = Pending.of(worker, nxt.queued, nxt.carried)
         return self._queued[worker.id]
 
     def _room_for(self, worker: WorkerState, prefills: Pending) -> bool:
@@ -330,7 +334,7 @@ class TropicalPolicy(Policy):
         nxt = NextIteration.of(worker, now)
         if self.toggle.chunked:
             limit = min(nxt.budget.min_tpot, req.slo.tpot)
-            return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req)), limit)
+            return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)
         joined = replace(nxt, decodes=(*nxt.decodes, Decoding(req, req.generated, req.first_token)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)
         iteration = worker.latency.iteration_time(joined.shape(list(nxt.queued)))

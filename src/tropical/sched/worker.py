@@ -41,6 +41,7 @@ class WorkerState:
     waiting_tokens: int = 0
     busy_until: float = 0.0
     batch_prefills: int = 0
+    inflight: dict[int, int] = field(default_factory=dict)
     queued_work: float = 0.0
     alive: bool = True
     gaps: TokenGaps = field(default_factory=TokenGaps)
@@ -65,13 +66,19 @@ class WorkerState:
         """Output tokens ``req`` has so far; exact even in the middle of a lazy decode run."""
         return self.steps - req.step_base if req.id in self.running else req.generated
 
-    def start_prefills(self, requests: list[Request]) -> None:
-        """The head ``requests`` of the queue enter the iteration now starting."""
-        self.batch_prefills = len(requests)
-        for req in requests:
+    def start_prefills(self, spans: list[tuple[Request, int]]) -> None:
+        """The head requests of the queue enter the iteration now starting, each with its new
+        prompt tokens (``inflight``: a chunk leaves the rest of its prompt queued)."""
+        self.batch_prefills = len(spans)
+        self.inflight = {req.id: new for req, new in spans}
+        for req, _ in spans:
             self._add_queued_work(req, -1)
-        if len(self.waiting) == len(requests):
+        if len(self.waiting) == len(spans):
             self.queued_work = 0.0
+
+    def in_flight(self) -> list[Request]:
+        """The prompts of the iteration now running, in queue order."""
+        return list(islice(self.waiting, self.batch_prefills))
 
     def _add_queued_work(self, req: Request, sign: int) -> None:
         """Keep ``queued_work``: the predicted prefill time of the queue, which Path 1 reads on
@@ -204,6 +211,7 @@ class WorkerState:
         req.computed += new
         self.waiting_tokens -= new
         self.batch_prefills = max(0, self.batch_prefills - 1)
+        self.inflight.pop(req.id, None)
         if req.computed < req.prompt_len:
             self._add_queued_work(req, 1)
             return False
@@ -234,6 +242,7 @@ class WorkerState:
                 self._add_queued_work(req, -1)
             else:
                 self.batch_prefills -= 1
+                self.inflight.pop(req.id, None)
             self.waiting.remove(req)
             self._costs.pop(req.id, None)
             self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)

@@ -115,7 +115,7 @@ class Shadow:
                 break
             heads.append(req)
             budget -= req.remaining_prompt
-        state.start_prefills(heads)
+        state.start_prefills([(r, r.remaining_prompt) for r in heads])
         shape = BatchShape.of_batch([(r.remaining_prompt, r.computed) for r in heads],
                                     state.batch_size, state.decode_context)
         state.busy_until = now + state.latency.iteration_time(shape) if heads or state.running else now

@@ -1,0 +1,43 @@
+"""The toggle's view of a multiplexing worker's next iteration while a prompt is chunked."""
+
+from tests.factories import make_request, make_worker, start_decoding
+from tropical.sched.batching import form_batch
+from tropical.sched.next_iteration import NextIteration
+from tropical.sched.rules import BatchRules, Role
+
+CHUNKED = BatchRules(prefill_first=False, chunked=True, token_budget=512)
+
+
+def busy_worker(prompt: int):
+    """A multiplexing worker decoding one request, with a chunk of ``prompt`` in flight."""
+    worker = make_worker(Role.MULTIPLEX, CHUNKED)
+    start_decoding(worker, make_request(0, prompt=100, output=50))
+    long = make_request(1, prompt=prompt, output=5)
+    worker.enqueue(long)
+    batch = form_batch(worker, now=0.0)
+    worker.busy_until = 0.1
+    return worker, long, batch
+
+
+def test_a_chunk_in_flight_leaves_the_rest_of_its_prompt_ahead_of_the_queue():
+    worker, long, batch = busy_worker(prompt=2000)
+    chunk = batch.prefills[0][1]
+    nxt = NextIteration.of(worker, now=0.05)
+    assert chunk < 2000
+    assert nxt.carried == ((long, 2000 - chunk),)
+    assert long not in [d.request for d in nxt.decodes]      # it does not decode next
+    assert nxt.queued == ()
+
+
+def test_a_prompt_finishing_in_flight_decodes_in_the_next_iteration():
+    worker, short, _ = busy_worker(prompt=300)
+    nxt = NextIteration.of(worker, now=0.05)
+    assert nxt.carried == ()
+    assert short in [d.request for d in nxt.decodes]
+
+
+def test_an_idle_worker_carries_nothing():
+    worker, long, batch = busy_worker(prompt=2000)
+    worker.complete_prefill(long, batch.prefills[0][1], now=0.1)
+    nxt = NextIteration.of(worker, now=0.2)
+    assert nxt.carried == () and nxt.queued == (long,)

@@ -128,6 +128,9 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     (out / "logs" / "serve-tropical-1.iterations.jsonl").unlink()
     assert main(["fidelity", "--replay", str(out)]) != 0
     assert "iterations.jsonl.gz: missing" in capsys.readouterr().err
+    (out / "tropical" / "1" / "twin.json").unlink()  # as if the study had been cut short in its run
+    assert main(["fidelity", "--replay", str(out)]) != 0
+    assert "no finished run to replay" in capsys.readouterr().err
 
 
 def test_each_twin_worker_runs_at_its_own_speed() -> None:

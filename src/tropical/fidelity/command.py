@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from tropical.bench.output import write_outputs
+from tropical.bench.run import BenchRun
+from tropical.fidelity.compare import Comparison
 from tropical.fidelity.plots import real_cdfs, real_vs_sim
 from tropical.fidelity.repeats import PolicyRepeats, median_abs_error, path_agreement
-from tropical.fidelity.replay import replay_study
+from tropical.fidelity.replay import STUDY, TWIN, replay_study
 from tropical.fidelity.report import report
 from tropical.fidelity.run import FidelityConfig, run_study
 from tropical.fidelity.twin import ServerShape
@@ -42,9 +44,9 @@ def add_fidelity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/fidelity")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--replay", metavar="DIR",
-                        help="price the study recorded in DIR again, without a server (its fidelity.json, "
-                             "requests.jsonl and iteration logs); rewrites DIR's fidelity.md, fidelity.json "
-                             "and real_vs_sim.png")
+                        help="price the study recorded in DIR again, without a server (its study.json and "
+                             "each finished run's outputs and iteration log, so a study cut short too); "
+                             "rewrites DIR's fidelity.md, fidelity.json and real_vs_sim.png")
 
 
 def fidelity_main(args: argparse.Namespace) -> int:
@@ -61,13 +63,16 @@ def fidelity_main(args: argparse.Namespace) -> int:
     if not args.profile:
         profile = measure_profile(args.model, args.threads, args.profile_grid, out / "profile.json")
         cfg = replace(cfg, profile=str(profile))
-    study = run_study(cfg, out / "logs", progress=lambda m: print(m, file=sys.stderr, flush=True))
-    policies = [repeats for repeats, _ in study]
-    for repeats, runs in study:
-        for k, run in enumerate(runs, 1):
-            write_outputs(run, out / repeats.policy / str(k))
-    real_cdfs([runs[0] for _, runs in study], [p.policy for p in policies], out / "real_latency_cdfs.png")
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "replay")}
+    (out / STUDY).write_text(json.dumps({"config": settings}, indent=2) + "\n")
+
+    def keep(policy: str, repeat: int, comparison: Comparison, run: BenchRun) -> None:
+        write_outputs(run, out / policy / str(repeat))
+        (out / policy / str(repeat) / TWIN).write_text(json.dumps(comparison.as_dict(), indent=2) + "\n")
+
+    study = run_study(cfg, out / "logs", lambda m: print(m, file=sys.stderr, flush=True), keep)
+    policies = [repeats for repeats, _ in study]
+    real_cdfs([runs[0] for _, runs in study], [p.policy for p in policies], out / "real_latency_cdfs.png")
     return publish(policies, out, settings, args.json)
 
 

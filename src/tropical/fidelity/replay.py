@@ -9,6 +9,7 @@ another hour of live runs on a quiet machine.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -26,27 +27,37 @@ from tropical.fidelity.twin import ServerShape
 from tropical.serve.iteration_log import read_iterations
 from tropical.serve.options import policy_and_roles
 
+STUDY = "study.json"  # the study's settings, written before its first run
+TWIN = "twin.json"  # a run's comparison with its twin, written as the run ends
+
 
 def replay_study(out: Path) -> tuple[dict[str, Any], list[PolicyRepeats]]:
-    """The study recorded in ``out`` (its ``fidelity.json``, per-run outputs and logs), priced
-    again; returns its settings and every policy's repeats."""
-    document = json.loads((out / "fidelity.json").read_text())
-    config = document["config"]
+    """The study recorded in ``out`` priced again, from its settings and every run that finished
+    (a run's ``twin.json`` is written last); returns the settings and every policy's repeats."""
+    config = json.loads((out / STUDY).read_text())["config"]
     shape = ServerShape(config["kv_tokens"], 16, config["max_model_len"], config["max_batched_tokens"],
                         config["workers"])
     slo = SLO(config["slo_ttft_ms"] / 1e3, config["slo_tpot_ms"] / 1e3)
     profile = load_profile(config["profile"] or out / "profile.json")
     policies = []
-    for entry in document["policies"]:
-        policy = entry["policy"]
-        runs = [_price(out, policy, k, run["adjustment"]["frontend_s"], shape, slo, profile)
-                for k, run in enumerate(entry["runs"], 1)]
-        policies.append(PolicyRepeats(policy, tuple(runs)))
+    for policy in (p.strip() for p in config["policies"].split(",") if p.strip()):
+        runs = [_price(out, policy, k, shape, slo, profile) for k in _finished(out / policy)]
+        if runs:
+            policies.append(PolicyRepeats(policy, tuple(runs)))
+    if not policies:
+        raise ValueError(f"{out}: no finished run to replay (each leaves <policy>/<repeat>/{TWIN})")
     return config, policies
 
 
-def _price(out: Path, policy: str, repeat: int, frontend: float, shape: ServerShape, slo: SLO,
+def _finished(runs: Path) -> list[int]:
+    """The repeats, from 1, whose runs finished (a study cut short leaves a run half done)."""
+    return list(itertools.takewhile(lambda k: (runs / str(k) / TWIN).exists(), itertools.count(1)))
+
+
+def _price(out: Path, policy: str, repeat: int, shape: ServerShape, slo: SLO,
            profile: FittedModel) -> Comparison:
+    recorded = json.loads((out / policy / str(repeat) / TWIN).read_text())
+    frontend = recorded["adjustment"]["frontend_s"]
     workers = len(policy_and_roles(shape.options(policy))[1])
     speeds = measured_speed(profile, read_iterations(iteration_log(out, policy, repeat)), workers)
     return price_run(load_run(out / policy / str(repeat), slo), policy, shape, profile, speeds, frontend)

@@ -102,15 +102,20 @@ def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: Latenc
                       goodput(real), goodput(modeled), compare_paths(run.measured, modeled))
 
 
-def run_study(cfg: FidelityConfig, logs: Path,
-              progress: Callable[[str], None] = lambda _: None) -> list[tuple[PolicyRepeats, list[BenchRun]]]:
+def run_study(cfg: FidelityConfig, logs: Path, progress: Callable[[str], None] = lambda _: None,
+              keep: Callable[[str, int, Comparison, BenchRun], None] = lambda *_: None,
+              ) -> list[tuple[PolicyRepeats, list[BenchRun]]]:
     """Every policy ``cfg.repeats`` times, one round of all policies after another, so a slow
-    spell on the shared machine lands on every policy rather than on one policy's repeats."""
+    spell on the shared machine lands on every policy rather than on one policy's repeats.
+    ``keep`` gets each run (policy, repeat from 1, comparison, bench run) as soon as it ends, so a
+    study cut short still leaves its finished runs."""
     logs.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[tuple[Comparison, BenchRun]]] = {p: [] for p in cfg.policies}
-    for k in range(cfg.repeats):
+    for k in range(1, cfg.repeats + 1):
         for policy in cfg.policies:
-            progress(f"{policy} (repeat {k + 1}/{cfg.repeats}): replaying {cfg.limit} requests ...")
-            runs[policy].append(run_policy(cfg, policy, logs / f"serve-{policy}-{k + 1}.log"))
+            progress(f"{policy} (repeat {k}/{cfg.repeats}): replaying {cfg.limit} requests ...")
+            comparison, run = run_policy(cfg, policy, logs / f"serve-{policy}-{k}.log")
+            keep(policy, k, comparison, run)
+            runs[policy].append((comparison, run))
     return [(PolicyRepeats(p, tuple(c for c, _ in pairs)), [r for _, r in pairs])
             for p, pairs in runs.items()]

@@ -50,13 +50,13 @@ def measured_speed(profile: FittedModel, records: Sequence[IterationRecord],
     take, in sum, the compute time they took live, plus that worker's mean gap between the
     router's wall time and its compute. A worker that ran nothing gets the pooled numbers.
 
-    One compute scale (``adjusted``) cannot carry an error whose sign depends on the batch: on the
-    published study's runs the profile priced small decodes at 1.7x their live time while prefills
-    ran at or above it, and the scale, weighted by time, averaged the two away. The refit alone
-    follows the typical iteration (it minimizes relative error), but contention makes some
-    iterations much slower than typical, never much faster, so it priced a contended run's
-    iterations 15-20% short in sum; queues drain at the sum's pace. Migrations keep the
-    profile's transfer (see ``adjusted``).
+    One compute scale (``adjusted``) cannot carry an error whose sign depends on the batch: the
+    study's profile prices small decodes at up to twice their live time while prefills take at
+    least their profiled time, and the scale, weighted by time, averages the two away. The refit
+    alone follows the typical iteration (it minimizes relative error), but contention makes some
+    iterations much slower than typical, never much faster, so alone it prices a contended run
+    short in sum, and queues drain at the sum's pace. docs/fidelity.md gives the sizes.
+    Migrations keep the profile's transfer (see ``adjusted``).
     """
     from tropical.engine.profiler import Sample, fit_samples  # loads torch: only once a run has ended
 

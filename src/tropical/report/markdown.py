@@ -181,7 +181,7 @@ def write_report(rep: Reproduction, out: Path) -> Path:
             f"{exp.slo.ttft_scale:g}x/{exp.slo.tpot_scale:g}x light-load TTFT/TPOT, TBT SLO "
             f"{exp.slo.tbt_scale:g}x the TPOT SLO (stream attainment also requires every gap between "
             "two tokens within it; a stall is a gap over 1 s). `tropical` is the paper's toggle; "
-            "`tropical+` adds chunked multiplexing. Regenerate with `tropical reproduce`.\n")
+            "`tropical+` adds chunked multiplexing and laxity order. Regenerate with `tropical reproduce`.\n")
     parts = [head, capacity_section(rep), deferral_section(rep), common_rate_section(rep),
              analysis_section(rep)]
     if rep.studies:

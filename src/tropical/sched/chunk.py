@@ -52,7 +52,7 @@ class Chunk:
         each iteration has, and never fewer iterations than their tokens need."""
         work = worker.latency.iteration_time(prompts.shape) - self.overhead
         steps = max(math.ceil(prompts.tokens / self.tokens), math.ceil(work / self.room))
-        return start + steps * self.iteration
+        return start + steps * self.iteration - max(0.0, steps * self.room - work)
 
 
 def place(worker: WorkerState, queue: Sequence[Request], req: Request,

@@ -54,7 +54,10 @@ POLICY_HELP = {
                      "place (tropical)",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
-    "laxity": "true: prefill queues ordered by latest feasible start instead of arrival (tropical)",
+    "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "
+              "chunked multiplexing the multiplexing workers' queues too (tropical)",
+    "least_loaded": "true: Path 1 picks the prefill worker with the fewest unfinished tokens (the "
+                    "baselines' dispatch) instead of the earliest predicted finish (tropical)",
 }
 
 

@@ -20,7 +20,7 @@ from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.chunk import Chunk, keeps_promises, place
-from tropical.sched.dispatch import decode_destination
+from tropical.sched.dispatch import decode_destination, fewest_unfinished
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
@@ -37,7 +37,8 @@ class ToggleParams:
     whether multiplexing workers take prompts in slack-sized chunks over several iterations,
     and whether prefill queues are ordered by laxity (least TTFT slack first; under chunked
     multiplexing the multiplexing workers' queues too, where a chunk boundary lets an urgent
-    prompt go ahead of one with slack to spare)."""
+    prompt go ahead of one with slack to spare), and whether Path 1 takes the baselines'
+    dispatch (fewest unfinished tokens) instead of the earliest predicted finish."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -46,6 +47,7 @@ class ToggleParams:
     demote_doomed: bool = False
     chunked: bool = False
     laxity: bool = False
+    least_loaded: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -207,11 +209,15 @@ class TropicalPolicy(Policy):
 
     def _path1(self, req: Request, prefill: list[WorkerState],
                now: float) -> tuple[WorkerState | None, float]:
-        """The prefill worker with the earliest predicted finish for ``req``, and that finish."""
+        """The prefill worker with the earliest predicted finish for ``req`` (or, given the
+        baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
         options = [(free_at(w, now) + prefill_time(w.latency, req.prompt_len), w.id, w)
                    for w in prefill]
         if not options:
             return None, float("inf")
+        if self.toggle.least_loaded:
+            chosen = fewest_unfinished(prefill)
+            return chosen, next(finish for finish, _, w in options if w is chosen)
         finish, _, worker = min(options)
         return worker, finish
 

@@ -37,6 +37,8 @@ ABLATION: dict[str, dict[str, object]] = {
     "banked slack + demotion": {"slack": SlackRule.BANKED, "demote_doomed": True},
     "chunked multiplexing": {"chunked": True},
     "chunked multiplexing + laxity order": {"chunked": True, "laxity": True},
+    "chunked multiplexing + laxity order, baselines' dispatch": {"chunked": True, "laxity": True,
+                                                                 "least_loaded": True},
     "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
 }
 """Toggle variants, each one mechanism more than the paper's (demotion disclosed separately)."""

@@ -7,6 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.factories import linear_model, make_request, make_worker, start_decoding
+from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import summarize, tpot
 from tropical.core.request import PrefillPath
 from tropical.core.specs import ReplicaSpec, hardware
@@ -209,3 +210,17 @@ def test_path1_takes_the_earliest_predicted_finish_or_else_the_baselines_dispatc
     [assignment] = policy.on_arrival(make_request(9, prompt=100, ttft=1000.0), 0.0, workers)
     assert assignment.path is PrefillPath.PREFILL_WORKER
     assert assignment.worker_id == chosen
+
+
+@pytest.mark.parametrize("bias", [-0.2, 0.2])
+def test_the_toggle_learns_a_biased_profile_from_its_own_iterations(bias):
+    """Every prediction off by ``bias``: with online correction each worker that ran work ends
+    up predicting the iterations as they really took."""
+    policy = make_policy("tropical+", PolicyParams(toggle=ToggleParams(correct=True)))
+    workers = CLUSTER.build(policy, predictor_bias=bias)
+    Simulator(workers, policy, bursty([(2000, 200)] * 120, gap=0.01), truth=CLUSTER.truth).run()
+    ran = {Role.PREFILL: BatchShape.prefill(2000), Role.MULTIPLEX: BatchShape.decode(4, 8000)}
+    for worker in workers:
+        shape = ran[worker.role]
+        assert worker.latency.iteration_time(shape) == pytest.approx(
+            CLUSTER.reference.iteration_time(shape), rel=0.01)

@@ -38,7 +38,8 @@ class ToggleParams:
     and whether prefill queues are ordered by laxity (least TTFT slack first; under chunked
     multiplexing the multiplexing workers' queues too, where a chunk boundary lets an urgent
     prompt go ahead of one with slack to spare), and whether Path 1 takes the baselines'
-    dispatch (fewest unfinished tokens) instead of the earliest predicted finish."""
+    dispatch (fewest unfinished tokens) instead of the earliest predicted finish, and whether
+    each worker's predictions are corrected online from the iterations it runs."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -48,6 +49,7 @@ class ToggleParams:
     chunked: bool = False
     laxity: bool = False
     least_loaded: bool = False
+    correct: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -83,6 +85,10 @@ class TropicalPolicy(Policy):
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._demoted_ids: set[int] = set()
+
+    @property
+    def learns_latency(self) -> bool:
+        return self.toggle.correct
 
     def roles(self, num_workers: int) -> list[Role]:
         return split_roles(num_workers, self.toggle.num_prefill, Role.MULTIPLEX)

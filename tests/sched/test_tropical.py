@@ -202,7 +202,7 @@ def test_chunked_multiplexing_prices_a_long_prompt_by_its_attention_work():
 def test_path1_takes_the_earliest_predicted_finish_or_else_the_baselines_dispatch(least_loaded, chosen):
     """Attention makes one 30k-token prompt cost more than three of 11k: the fewest unfinished
     tokens and the earliest predicted finish name different prefill workers."""
-    policy = make_policy("tropical+", PolicyParams(toggle=ToggleParams(least_loaded=least_loaded)))
+    policy = make_policy("tropical", PolicyParams(toggle=ToggleParams(least_loaded=least_loaded)))
     workers = [make_worker(Role.PREFILL, policy.rules(Role.PREFILL), wid=i) for i in range(2)]
     workers[0].enqueue(make_request(0, prompt=30_000, ttft=1000.0))
     for i in range(3):

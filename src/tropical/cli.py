@@ -54,7 +54,12 @@ POLICY_HELP = {
                      "place (tropical)",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
-    "laxity": "true: prefill queues ordered by latest feasible start instead of arrival (tropical)",
+    "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "
+              "chunked multiplexing the multiplexing workers' queues too (tropical)",
+    "least_loaded": "true: Path 1 picks the prefill worker with the fewest unfinished tokens (the "
+                    "baselines' dispatch) instead of the earliest predicted finish (tropical)",
+    "correct_predictions": "true: each worker's latency predictions are corrected online by the "
+                           "ratio of observed to predicted iteration times (tropical)",
 }
 
 
@@ -65,6 +70,8 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
              "rate_scale": "multiply the trace's request rate",
              "limit": "first N requests of the trace",
              "tbt_scale": "TBT SLO (longest gap between two tokens) = this x the TPOT SLO",
+             "predictor_bias": "systematic relative error of every prediction, e.g. -0.2: the "
+                               "policy expects iterations 20%% faster than they run",
              **WORKLOAD_HELP}
     add_fields_as_options(parser, SimConfig, helps)
     parser.add_argument("--config", help="TOML or JSON file of the settings above")

@@ -30,7 +30,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class PolicyConfig:
     """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
-    rule, look-ahead, demotion of doomed requests, chunked multiplexing and laxity order."""
+    rule, look-ahead, demotion of doomed requests, chunked multiplexing, laxity order, Path 1's
+    dispatch and online correction of predictions."""
 
     policy: str = "tropical"
     prefill_workers: int | None = None
@@ -43,12 +44,15 @@ class PolicyConfig:
     demote_doomed: bool = False
     chunked_multiplex: bool = False
     laxity: bool = False
+    least_loaded: bool = False
+    correct_predictions: bool = False
 
     def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
         """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
         prefill = self.prefill_workers if num_prefill is None else num_prefill
         toggle = ToggleParams(prefill, self.watermark, slack_rule(self.slack), self.lookahead,
-                              self.demote_doomed, self.chunked_multiplex, self.laxity)
+                              self.demote_doomed, self.chunked_multiplex, self.laxity,
+                              self.least_loaded, self.correct_predictions)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle)
 
 
@@ -91,6 +95,7 @@ class SimConfig(PolicyConfig):
     slo_tpot_ms: float | None = None
     slo_classes: str | None = None
     predictor_noise: float = 0.0
+    predictor_bias: float = 0.0
 
     def with_preset(self) -> SimConfig:
         if self.cluster not in PRESETS:

@@ -7,6 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.factories import linear_model, make_request, make_worker, start_decoding
+from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import summarize, tpot
 from tropical.core.request import PrefillPath
 from tropical.core.specs import ReplicaSpec, hardware
@@ -195,3 +196,31 @@ def test_chunked_multiplexing_prices_a_long_prompt_by_its_attention_work():
     predicted = float(second.reason.rsplit("predicted ", 1)[1].rstrip("s"))
     actual = second.first_token - second.arrival
     assert 0.85 * predicted <= actual <= predicted
+
+
+@pytest.mark.parametrize(("least_loaded", "chosen"), [(False, 1), (True, 0)])
+def test_path1_takes_the_earliest_predicted_finish_or_else_the_baselines_dispatch(least_loaded, chosen):
+    """Attention makes one 30k-token prompt cost more than three of 11k: the fewest unfinished
+    tokens and the earliest predicted finish name different prefill workers."""
+    policy = make_policy("tropical", PolicyParams(toggle=ToggleParams(least_loaded=least_loaded)))
+    workers = [make_worker(Role.PREFILL, policy.rules(Role.PREFILL), wid=i) for i in range(2)]
+    workers[0].enqueue(make_request(0, prompt=30_000, ttft=1000.0))
+    for i in range(3):
+        workers[1].enqueue(make_request(1 + i, prompt=11_000, ttft=1000.0))
+    [assignment] = policy.on_arrival(make_request(9, prompt=100, ttft=1000.0), 0.0, workers)
+    assert assignment.path is PrefillPath.PREFILL_WORKER
+    assert assignment.worker_id == chosen
+
+
+@pytest.mark.parametrize("bias", [-0.2, 0.2])
+def test_the_toggle_learns_a_biased_profile_from_its_own_iterations(bias):
+    """Every prediction off by ``bias``: with online correction each worker that ran work ends
+    up predicting the iterations as they really took."""
+    policy = make_policy("tropical+", PolicyParams(toggle=ToggleParams(correct=True)))
+    workers = CLUSTER.build(policy, predictor_bias=bias)
+    Simulator(workers, policy, bursty([(2000, 200)] * 120, gap=0.01), truth=CLUSTER.truth).run()
+    ran = {Role.PREFILL: BatchShape.prefill(2000), Role.MULTIPLEX: BatchShape.decode(4, 8000)}
+    for worker in workers:
+        shape = ran[worker.role]
+        assert worker.latency.iteration_time(shape) == pytest.approx(
+            CLUSTER.reference.iteration_time(shape), rel=0.01)

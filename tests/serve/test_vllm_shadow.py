@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import linear_model, make_request
+from tropical.core.latency.online import OnlineLatency
 from tropical.core.latency.shape import BatchShape
 from tropical.engine.runner import worker_state
 from tropical.sched.rules import BatchRules, Role
-from tropical.serve.vllm_latency import OnlineLatency
 from tropical.serve.vllm_shadow import Shadow
 
 

@@ -14,6 +14,8 @@ DISPATCH = {
     "disagg": "prefill: fewest unfinished tokens; decode: fewest unfinished tokens with room",
     "tropical": "Path 1: earliest predicted prefill finish; Path 2 when TTFT is at risk; decode: "
                 "fewest unfinished tokens among workers whose TPOT budget holds",
+    "tropical+": "Path 1: fewest unfinished tokens; Path 2 when TTFT is at risk; decode: fewest "
+                 "unfinished tokens among workers whose TPOT budget holds",
 }
 CAUSES = ("TTFT queueing", "TTFT execution", "TPOT", "stall", "failed")
 
@@ -24,7 +26,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def dispatch_of(policy: str) -> str:
-    return DISPATCH.get(policy.split("-")[0].rstrip("+"), DISPATCH["colocated"])
+    return DISPATCH.get(policy.split("-")[0], DISPATCH["colocated"])
 
 
 def capacity_section(rep: Reproduction) -> str:
@@ -181,7 +183,8 @@ def write_report(rep: Reproduction, out: Path) -> Path:
             f"{exp.slo.ttft_scale:g}x/{exp.slo.tpot_scale:g}x light-load TTFT/TPOT, TBT SLO "
             f"{exp.slo.tbt_scale:g}x the TPOT SLO (stream attainment also requires every gap between "
             "two tokens within it; a stall is a gap over 1 s). `tropical` is the paper's toggle; "
-            "`tropical+` adds chunked multiplexing. Regenerate with `tropical reproduce`.\n")
+            "`tropical+` adds chunked multiplexing and laxity order, and takes the baselines' dispatch "
+            "for Path 1. Regenerate with `tropical reproduce`.\n")
     parts = [head, capacity_section(rep), deferral_section(rep), common_rate_section(rep),
              analysis_section(rep)]
     if rep.studies:

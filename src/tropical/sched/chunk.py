@@ -1,15 +1,22 @@
-"""How much prompt one multiplexing iteration carries: the chunk its TPOT limit admits.
+"""Chunked multiplexing's predictions: how much prompt an iteration carries, when a prompt's
+first token comes, and where a prompt goes in a multiplexing worker's queue.
 
 Chunked multiplexing feeds queued prompts to a decoding worker in the largest chunk that keeps
-each iteration within the tightest TPOT SLO there. The toggle predicts when a prompt finishes
-from the room that leaves for prompt compute beside the decodes.
+each iteration within the tightest TPOT SLO there. Chunks shrink as a prompt's cached context
+grows, so the toggle counts iterations by prompt compute (attention over the whole context
+included), not by tokens. Under laxity order a prompt goes ahead of queued prompts with more
+TTFT slack, which then finish later: the toggle checks that none it could still save is lost.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tropical.core.latency.shape import BatchShape
+from tropical.core.request import Request
+from tropical.sched.pending import Pending
 from tropical.sched.slack import largest_chunk
 from tropical.sched.worker import WorkerState
 
@@ -38,3 +45,38 @@ class Chunk:
         iteration = time_of(tokens)
         overhead = time_of(1) - base
         return cls(tokens, iteration, max(iteration - base - overhead, 1e-9), overhead)
+
+    def finish(self, worker: WorkerState, prompts: Pending, start: float) -> float:
+        """End of the iteration that completes ``prompts`` fed in these chunks from ``start``:
+        their compute as whole spans (chunking adds only a fixed cost per chunk) over the room
+        each iteration has, and never fewer iterations than their tokens need."""
+        work = worker.latency.iteration_time(prompts.shape) - self.overhead
+        steps = max(math.ceil(prompts.tokens / self.tokens), math.ceil(work / self.room))
+        return start + steps * self.iteration - max(0.0, steps * self.room - work)
+
+
+def place(worker: WorkerState, queue: Sequence[Request], req: Request,
+          laxity: bool) -> tuple[list[Request], list[Request]]:
+    """The prompts of ``queue`` that ``req`` would wait for, and those it would go ahead of
+    (least slack first under laxity order, at the back otherwise), each in queue order."""
+    if not laxity:
+        return list(queue), []
+    key = worker.latest_start(req)
+    ahead, behind = [], []
+    for other in queue:
+        (ahead if worker.latest_start(other) <= key else behind).append(other)
+    behind.sort(key=worker.latest_start)
+    return ahead, behind
+
+
+def keeps_promises(worker: WorkerState, chunk: Chunk, start: float, before: Pending,
+                   req: Request, behind: Sequence[Request]) -> bool:
+    """Would every prompt of ``behind`` that meets its TTFT SLO after the prompts of ``before``
+    still meet it with ``req`` run ahead of it?"""
+    after = before.plus(req, worker)
+    for other in behind:
+        before, after = before.plus(other, worker), after.plus(other, worker)
+        deadline = other.arrival + other.slo.ttft
+        if chunk.finish(worker, after, start) > deadline >= chunk.finish(worker, before, start):
+            return False
+    return True

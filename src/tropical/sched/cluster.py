@@ -93,6 +93,7 @@ class Cluster:
         self.settle = settle
         self.stalled: list[tuple[Request, int]] = []
         self._at: dict[int, tuple[Request, int]] = {}
+        self._started: dict[int, float] = {}
 
     def where(self, rid: int) -> int | None:
         """The worker that holds (or is about to hold) request ``rid``."""
@@ -135,6 +136,7 @@ class Cluster:
         for req, _, _ in batch.prefills:
             if req.prefill_start is None:
                 req.prefill_start = now
+        self._started[worker_id] = now
         return batch
 
     def expect_end(self, worker_id: int, until: float) -> None:
@@ -146,6 +148,7 @@ class Cluster:
         """Book ``steps`` decode iterations of a run still in flight (none of them finishes a request);
         ``first`` and ``growth`` time them, as for ``book``."""
         finished = self.workers[worker_id].advance_decodes(steps, now, first, growth)
+        self._started.pop(worker_id, None)
         if finished:
             raise RuntimeError(f"worker {worker_id}: a decode run was settled past a finish")
 
@@ -161,6 +164,9 @@ class Cluster:
         """
         worker = self.workers[worker_id]
         worker.busy_until = now
+        started = self._started.pop(worker_id, None)
+        if started is not None:
+            worker.learn(batch.shape, first if steps > 1 else now - started, steps)
         finished = ([(r, "length") for r in worker.advance_decodes(steps, now, first, growth)]
                     if batch.decode_count else [])
         prefilled = self._complete_prompts(worker, batch, now, finished) if batch.prefills else []

@@ -56,6 +56,12 @@ class Policy(ABC):
     def rules(self, role: Role) -> BatchRules:
         """Batch-formation rules for a worker of ``role``."""
 
+    @property
+    def learns_latency(self) -> bool:
+        """Should each worker's predictor be corrected online from the iterations it runs?
+        (Only policies that act on predictions care.)"""
+        return False
+
     @abstractmethod
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:

@@ -35,7 +35,8 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.toggle.num_prefill, p.max_seqs),
     "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle, p.max_seqs),
     "tropical+": lambda p: TropicalPolicy(
-        p.max_batched_tokens, replace(p.toggle, slack=SlackRule.ITERATION, chunked=True),
+        p.max_batched_tokens, replace(p.toggle, slack=SlackRule.ITERATION, chunked=True, laxity=True,
+                                  least_loaded=True),
         p.max_seqs, name="tropical+"),
 }
 

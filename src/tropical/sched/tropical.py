@@ -19,8 +19,8 @@ from tropical.core.latency.model import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
-from tropical.sched.chunk import Chunk
-from tropical.sched.dispatch import decode_destination
+from tropical.sched.chunk import Chunk, keeps_promises, place
+from tropical.sched.dispatch import decode_destination, fewest_unfinished
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
@@ -35,7 +35,11 @@ class ToggleParams:
     """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk,
     whether requests that will miss their TTFT even if started now yield their place, and
     whether multiplexing workers take prompts in slack-sized chunks over several iterations,
-    and whether prefill queues are ordered by laxity (least TTFT slack first)."""
+    and whether prefill queues are ordered by laxity (least TTFT slack first; under chunked
+    multiplexing the multiplexing workers' queues too, where a chunk boundary lets an urgent
+    prompt go ahead of one with slack to spare), and whether Path 1 takes the baselines'
+    dispatch (fewest unfinished tokens) instead of the earliest predicted finish, and whether
+    each worker's predictions are corrected online from the iterations it runs."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -44,6 +48,8 @@ class ToggleParams:
     demote_doomed: bool = False
     chunked: bool = False
     laxity: bool = False
+    least_loaded: bool = False
+    correct: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -70,13 +76,19 @@ class TropicalPolicy(Policy):
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
                                    max_seqs=max_seqs, laxity=self.toggle.laxity)
         self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
+                                     laxity=self.toggle.laxity and self.toggle.chunked,
                                      token_budget=max_batched_tokens, max_seqs=max_seqs,
                                      tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
         self._chunks: dict[tuple[int, int | None], Chunk] = {}
         self._queued: dict[int, Pending] = {}
+        self._queues: dict[int, list[Request]] = {}
         self._demoted_ids: set[int] = set()
+
+    @property
+    def learns_latency(self) -> bool:
+        return self.toggle.correct
 
     def roles(self, num_workers: int) -> list[Role]:
         return split_roles(num_workers, self.toggle.num_prefill, Role.MULTIPLEX)
@@ -93,7 +105,7 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round, self._chunks, self._queued = {}, {}, {}
+        self._round, self._chunks, self._queued, self._queues = {}, {}, {}, {}
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
@@ -122,7 +134,7 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round, self._chunks, self._queued = {}, {}, {}, {}
+        self._checks, self._round, self._chunks, self._queued, self._queues = {}, {}, {}, {}, {}
         hopeless, hopeful = [], []
         for item in at_risk:
             (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
@@ -145,6 +157,7 @@ class TropicalPolicy(Policy):
             done, _, target = min(options)
             if self._worth(req, done, finish):
                 plans[target.id] = (plans.get(target.id) or self._queued_of(target, now)).plus(req, target)
+                self._queue_of(target, now).append(req)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
         return moves
 
@@ -202,11 +215,15 @@ class TropicalPolicy(Policy):
 
     def _path1(self, req: Request, prefill: list[WorkerState],
                now: float) -> tuple[WorkerState | None, float]:
-        """The prefill worker with the earliest predicted finish for ``req``, and that finish."""
+        """The prefill worker with the earliest predicted finish for ``req`` (or, given the
+        baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
         options = [(free_at(w, now) + prefill_time(w.latency, req.prompt_len), w.id, w)
                    for w in prefill]
         if not options:
             return None, float("inf")
+        if self.toggle.least_loaded:
+            chosen = fewest_unfinished(prefill)
+            return chosen, next(finish for finish, _, w in options if w is chosen)
         finish, _, worker = min(options)
         return worker, finish
 
@@ -251,7 +268,7 @@ class TropicalPolicy(Policy):
             limit = min(nxt.budget.min_tpot, req.slo.tpot)
             if not self._decodes_fit(worker, nxt, prefills, limit):
                 return None
-            return self._chunked_finish(worker, nxt, prefills, limit)
+            return self._chunked_finish(req, worker, nxt, limit, now)
         iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
         if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
             return None
@@ -264,22 +281,20 @@ class TropicalPolicy(Policy):
         shape = BatchShape.decode(len(nxt.decodes) + prefills.count, nxt.peak_context + prefills.peak)
         return worker.latency.iteration_time(shape) <= limit
 
-    def _chunked_finish(self, worker: WorkerState, nxt: NextIteration, prefills: Pending,
-                        limit: float) -> float | None:
-        """End of the iteration that completes ``prefills`` fed in chunks, each iteration at
-        most ``limit`` long (the tightest TPOT SLO among its decodes as they stand now and the
-        request's own, which decodes there next).
-
-        Chunks shrink as a prompt's cached context grows, so the iterations are counted by
-        work, not tokens: the prompts' compute alone (attention over their whole context
-        included; chunking splits it without adding to it but for one fixed cost per chunk)
-        over what each iteration has room for beside its decodes."""
+    def _chunked_finish(self, req: Request, worker: WorkerState, nxt: NextIteration,
+                        limit: float, now: float) -> float | None:
+        """When ``req``'s prompt would be done on ``worker`` fed in chunks behind the prompts it
+        waits for, each iteration at most ``limit`` long (the tightest TPOT SLO among its
+        decodes as they stand now and the request's own, which decodes there next); None if
+        no chunk fits or it would cost a prompt behind it its TTFT SLO."""
         chunk = self._chunk_of(worker, nxt, limit)
         if chunk.tokens == 0:
             return None
-        work = worker.latency.iteration_time(prefills.shape) - chunk.overhead
-        steps = max(math.ceil(prefills.tokens / chunk.tokens), math.ceil(work / chunk.room))
-        return nxt.start + steps * chunk.iteration
+        ahead, behind = place(worker, self._queue_of(worker, now), req, self.toggle.laxity)
+        before = Pending.of(worker, ahead, nxt.carried)
+        if not keeps_promises(worker, chunk, nxt.start, before, req, behind):
+            return None
+        return chunk.finish(worker, before.plus(req, worker), nxt.start)
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
@@ -298,6 +313,12 @@ class TropicalPolicy(Policy):
         if worker.id not in self._round:
             self._round[worker.id] = NextIteration.of(worker, now)
         return self._round[worker.id]
+
+    def _queue_of(self, worker: WorkerState, now: float) -> list[Request]:
+        """The prompts queued on ``worker`` and those promised to it in this scheduling round."""
+        if worker.id not in self._queues:
+            self._queues[worker.id] = list(self._next_of(worker, now).queued)
+        return self._queues[worker.id]
 
     def _queued_of(self, worker: WorkerState, now: float) -> Pending:
         """The prompts queued on ``worker`` (not yet running), once per scheduling round."""

@@ -15,6 +15,8 @@ from itertools import islice
 
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.model import LatencyModel, prefill_time
+from tropical.core.latency.online import OnlineLatency
+from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.kv import KVPool
 from tropical.sched.rules import BatchRules, Role
@@ -140,6 +142,13 @@ class WorkerState:
         while slot > self.batch_prefills and self.latest_start(self.waiting[slot - 1]) > key:
             slot -= 1
         return slot
+
+    def learn(self, shape: BatchShape, seconds: float, times: int = 1) -> None:
+        """An iteration over ``shape`` took ``seconds`` (``times`` alike ones did): a predictor
+        that learns online takes it in (prompt costs priced earlier keep their price until the
+        prompt progresses)."""
+        if isinstance(self.latency, OnlineLatency):
+            self.latency.observe(shape, seconds, times)
 
     def expect_migration(self, req: Request) -> None:
         """Reserve room for a request whose KV is on its way here."""

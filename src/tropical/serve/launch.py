@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tropical.calibration.store import load_profile
 from tropical.core.latency.fitted import FittedModel
+from tropical.core.latency.online import OnlineLatency
 from tropical.core.slo import SLOSpec
 from tropical.engine.loader import cache_root
 from tropical.sched.worker import worker_state
@@ -61,7 +62,8 @@ async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
             client.stop()
         backend.close()
         raise
-    workers = [worker_state(r.worker_id, role, policy.rules(role), r.num_blocks, r.block_size, latency)
+    workers = [worker_state(r.worker_id, role, policy.rules(role), r.num_blocks, r.block_size,
+                            OnlineLatency(latency) if policy.learns_latency else latency)
                for r, role in zip(readies, roles, strict=True)]
     max_len = min(r.max_model_len for r in readies)
     settings = RouterSettings(options.max_waiting, _slo(options), max_len)

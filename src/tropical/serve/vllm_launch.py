@@ -21,6 +21,7 @@ import httpx
 
 from tropical.calibration.store import load_profile
 from tropical.core.latency.fitted import FittedModel
+from tropical.core.latency.online import OnlineLatency
 from tropical.core.slo import SLOSpec
 from tropical.engine.loader import cache_root
 from tropical.engine.profiler import profile_document
@@ -32,7 +33,6 @@ from tropical.serve.options import ServeOptions, policy_and_roles
 from tropical.serve.process import free_port
 from tropical.serve.router import RouterSettings
 from tropical.serve.vllm_instance import VllmInstance
-from tropical.serve.vllm_latency import OnlineLatency
 from tropical.serve.vllm_process import VllmLaunch, VllmProcess, core_sets
 from tropical.serve.vllm_profile import HTTP_GRIDS, kv_bytes_per_token, profile_server
 from tropical.serve.vllm_router import VllmRouter

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tropical.core.latency.online import OnlineLatency
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
-from tropical.serve.vllm_latency import OnlineLatency
 
 
 @dataclass(eq=False)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.noisy import NoisyModel
+from tropical.core.latency.online import OnlineLatency
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.kv import KVPool
@@ -47,24 +48,32 @@ class ClusterSpec:
     def max_context(self) -> int:
         return min(w.replica.model.max_context for w in self.workers)
 
-    def build(self, policy: Policy, predictor_noise: float = 0.0, seed: int = 0) -> list[WorkerState]:
+    def build(self, policy: Policy, predictor_noise: float = 0.0, seed: int = 0,
+              predictor_bias: float = 0.0) -> list[WorkerState]:
         """Fresh worker states with the policy's roles and batch rules.
 
         Their ``latency`` is what the policy predicts with: the true model, or the true model
-        with ``predictor_noise`` relative error (see ``NoisyModel``).
+        with ``predictor_noise`` relative error and ``predictor_bias`` systematic error (see
+        ``NoisyModel``), corrected online where the policy learns from its iterations.
         """
         roles = policy.roles(len(self.workers))
         return [
             WorkerState(i, role, policy.rules(role),
                         KVPool.for_tokens(spec.kv_capacity_tokens, self.block_size),
-                        NoisyModel(spec.latency, predictor_noise, seed + i) if predictor_noise
-                        else spec.latency)
+                        _predictor(spec.latency, predictor_noise, predictor_bias, seed + i,
+                                   policy.learns_latency))
             for i, (spec, role) in enumerate(zip(self.workers, roles, strict=True))
         ]
 
     @property
     def truth(self) -> list[LatencyModel]:
         return [spec.latency for spec in self.workers]
+
+
+def _predictor(truth: LatencyModel, noise: float, bias: float, seed: int,
+               learns: bool) -> LatencyModel:
+    model = NoisyModel(truth, noise, seed, bias) if noise or bias else truth
+    return OnlineLatency(model) if learns else model
 
 
 LatencyFactory = Callable[[ReplicaSpec], LatencyModel]

@@ -37,9 +37,14 @@ ABLATION: dict[str, dict[str, object]] = {
     "banked slack + demotion": {"slack": SlackRule.BANKED, "demote_doomed": True},
     "chunked multiplexing": {"chunked": True},
     "chunked multiplexing + laxity order": {"chunked": True, "laxity": True},
+    "chunked multiplexing + laxity order, baselines' dispatch": {"chunked": True, "laxity": True,
+                                                                 "least_loaded": True},
     "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
 }
 """Toggle variants, each one mechanism more than the paper's (demotion disclosed separately)."""
+PREDICTOR_BIAS = -0.2
+"""Every prediction 20% short, as from a profile taken on a faster machine: the case that online
+correction exists for."""
 TPOT_SCALES = (1.5, 2.0, 3.0)
 SHORT_PROMPTS = 0.25
 
@@ -202,6 +207,11 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
         for p in POLICIES if noise == 0.0 else TOGGLES:
             jobs[("predictor noise", f"±{noise:.0%}", p)] = replace(small.with_policy(p),
                                                                   predictor_noise=noise)
+    for p in TOGGLES:
+        biased = replace(small.with_policy(p), predictor_bias=PREDICTOR_BIAS)
+        jobs[("predictor noise", f"bias {PREDICTOR_BIAS:+.0%}", p)] = biased
+        jobs[("predictor noise", f"bias {PREDICTOR_BIAS:+.0%}, corrected online", p)] = replace(
+            biased, params=_with_toggle(small.params, correct=True))
     workers = len(base.cluster.workers)
     for prefill in range(1, workers):
         for p in ("disagg", *TOGGLES):

@@ -30,6 +30,7 @@ class Experiment:
     predictor_noise: float = 0.0
     seed: int = 0
     slo_mix: SLOMix | None = None
+    predictor_bias: float = 0.0
 
     def at_rate(self, rate_scale: float) -> Experiment:
         return replace(self, rate_scale=rate_scale)
@@ -94,7 +95,7 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     simulated then count as failed, so the summary's attainment is a lower bound below it.
     """
     policy = make_policy(exp.policy, exp.params)
-    workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed)
+    workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed, exp.predictor_bias)
     requests = make_requests(exp)
     budget = None if stop_below is None else int((1 - stop_below) * len(requests))
     started = time.perf_counter()

@@ -2,7 +2,8 @@
 
 Used to measure how much a policy's gains depend on exact predictions. The error of each
 prediction is a deterministic function of the question asked (the batch shape, the batch size,
-the token count) and the seed, uniform in [-noise, +noise], so runs stay reproducible.
+the token count) and the seed, uniform in [-noise, +noise], so runs stay reproducible; ``bias``
+adds the same relative error to every prediction (a profile measured on a faster machine).
 """
 
 from __future__ import annotations
@@ -17,19 +18,22 @@ _GOLDEN = 0x9E3779B1
 
 @dataclass(frozen=True, slots=True)
 class NoisyModel:
-    """``truth``'s predictions, each scaled by 1 + e with e uniform in [-noise, +noise]."""
+    """``truth``'s predictions, each scaled by (1 + bias)(1 + e), e uniform in [-noise, +noise]."""
 
     truth: LatencyModel
     noise: float
     seed: int = 0
+    bias: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.noise < 1:
             raise ValueError(f"predictor noise must lie in [0, 1), got {self.noise}")
+        if not -1 < self.bias < 1:
+            raise ValueError(f"predictor bias must lie in (-1, 1), got {self.bias}")
 
     def _factor(self, key: object) -> float:
         unit = ((hash(key) ^ self.seed) * _GOLDEN % 2**32) / 2**32
-        return 1.0 + self.noise * (2.0 * unit - 1.0)
+        return (1.0 + self.bias) * (1.0 + self.noise * (2.0 * unit - 1.0))
 
     def iteration_time(self, shape: BatchShape) -> float:
         return self.truth.iteration_time(shape) * self._factor(shape)

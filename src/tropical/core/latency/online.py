@@ -1,10 +1,11 @@
-"""A vLLM instance's latency model: its profile, corrected online from what its streams show.
+"""A latency model corrected online: a profile, scaled by what observed iterations took.
 
-vLLM plans its own iterations, so the router never times one directly; but each token a stream
-delivers ends an iteration, and a prompt's first token ends its prefill. The router reports those
-observed times against the profile's prediction, and a moving average of the ratios scales the
-prefill and decode parts of every later prediction (the decode part stays a line in the context,
-as the simulator needs).
+Predictions drift from a profile when the hardware, the load or the serving stack differ from
+where it was measured. Each observed stretch is reported against the profile's prediction, and a
+moving average of the ratios scales the prefill and decode parts of every later prediction (the
+decode part stays a line in the context, as the simulator needs). The toggle's workers observe
+their own iterations (``observe``); a vLLM instance, which plans its own iterations, is observed
+through its streams (``observe_prefill``, ``observe_decodes``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,21 @@ class OnlineLatency:
     def transfer_time(self, tokens: int) -> float:
         return self.base.transfer_time(tokens)
 
+    def observe(self, shape: BatchShape, seconds: float, times: int = 1) -> None:
+        """An iteration over ``shape`` took ``seconds`` (``times`` alike ones did: a run of
+        decode iterations). A mixed one's decode part, priced as now corrected, is taken off
+        before its prefill part is learned."""
+        decodes = BatchShape.decode(shape.decode_count, shape.decode_context)
+        decode = self.base.iteration_time(decodes) if shape.decode_count else 0.0
+        if not shape.num_prefills:
+            if decode > 0:
+                self.decode_scale = self._blend(self.decode_scale, seconds / decode, times)
+            return
+        prefill = self.base.iteration_time(shape) - decode
+        if prefill > 0:
+            self.prefill_scale = self._blend(self.prefill_scale,
+                                             (seconds - decode * self.decode_scale) / prefill, times)
+
     def observe_prefill(self, shape: BatchShape, seconds: float) -> None:
         """A prefill-only stretch of ``seconds`` over ``shape``."""
         predicted = self.base.iteration_time(shape)
@@ -55,9 +71,11 @@ class OnlineLatency:
         if predicted > 0:
             self.decode_scale = self._blend(self.decode_scale, seconds / predicted)
 
-    def _blend(self, scale: float, ratio: float) -> float:
+    def _blend(self, scale: float, ratio: float, times: int = 1) -> float:
+        """Move ``scale`` toward ``ratio`` as ``times`` observations of it would."""
         low, high = BOUNDS
         if not low <= ratio <= high:
             return scale
-        self.observations += 1
-        return (1 - SMOOTHING) * scale + SMOOTHING * ratio
+        self.observations += times
+        weight = 1 - (1 - SMOOTHING) ** times
+        return (1 - weight) * scale + weight * ratio

@@ -1,0 +1,57 @@
+"""Chunked multiplexing's predictions: queue placement under laxity order and kept promises."""
+
+from dataclasses import replace
+
+from tests.factories import linear_model, make_request, make_worker
+from tests.sched.test_tropical import REPLICA
+from tropical.core.latency.shape import BatchShape
+from tropical.core.request import PrefillPath
+from tropical.sched.chunk import Chunk, keeps_promises, place
+from tropical.sched.pending import Pending
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rules import BatchRules, Role
+from tropical.sched.tropical import ToggleParams
+from tropical.sim.cluster import ClusterSpec, WorkerSpec
+from tropical.sim.simulator import Simulator
+
+RULES = BatchRules(prefill_first=False, chunked=True, token_budget=4096)
+
+
+def test_in_arrival_order_a_prompt_waits_for_the_whole_queue():
+    worker = make_worker(Role.MULTIPLEX, RULES)
+    queue = [make_request(0, prompt=8000, ttft=20.0), make_request(1, prompt=4000, ttft=20.0)]
+    assert place(worker, queue, make_request(2, prompt=100, ttft=0.1), laxity=False) == (queue, [])
+
+
+def test_by_laxity_an_urgent_prompt_goes_ahead_of_those_with_more_slack():
+    worker = make_worker(Role.MULTIPLEX, RULES)
+    urgent = make_request(0, prompt=500, ttft=0.5)
+    relaxed, later = make_request(1, prompt=8000, ttft=30.0), make_request(2, prompt=8000, ttft=20.0)
+    arriving = make_request(3, prompt=300, ttft=1.0)
+    ahead, behind = place(worker, [urgent, relaxed, later], arriving, laxity=True)
+    assert ahead == [urgent]
+    assert behind == [later, relaxed]                     # least slack first
+
+
+def test_going_ahead_is_refused_only_where_it_costs_a_prompt_its_ttft():
+    worker = make_worker(Role.MULTIPLEX, RULES)
+    chunk = Chunk.of(worker, BatchShape.decode(4, 4000), limit=0.1)
+    behind = make_request(0, prompt=3000)
+    alone = chunk.finish(worker, Pending.of(worker, [behind]), start=0.0)
+    cutter = make_request(1, prompt=2000)
+    for slo, kept in ((alone + 0.01, False), (alone * 3, True), (alone - 0.01, True)):
+        behind.slo = replace(behind.slo, ttft=slo)
+        assert keeps_promises(worker, chunk, 0.0, Pending(), cutter, [behind]) is kept
+
+
+def test_an_urgent_prompt_overtakes_a_long_multiplexed_one_and_both_meet_their_ttft():
+    cluster = ClusterSpec("t", (WorkerSpec(REPLICA, linear_model(prefill_per_pair=2e-8), 200_000),) * 2)
+    blocker = make_request(0, arrival=0.0, prompt=20_000, output=2, ttft=60.0, tpot=0.1)
+    long = make_request(1, arrival=0.01, prompt=16_000, output=2, ttft=9.0, tpot=0.1)
+    urgent = make_request(2, arrival=1.0, prompt=500, output=2, ttft=0.6, tpot=0.1)
+    policy = make_policy("tropical+", PolicyParams(toggle=ToggleParams(num_prefill=1)))
+    Simulator(cluster.build(policy), policy, [blocker, long, urgent]).run()
+    assert long.path is urgent.path is PrefillPath.MULTIPLEX
+    assert urgent.first_token < long.first_token
+    assert urgent.first_token - urgent.arrival <= urgent.slo.ttft
+    assert long.first_token - long.arrival <= long.slo.ttft

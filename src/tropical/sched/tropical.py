@@ -25,6 +25,7 @@ from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
+from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget
 from tropical.sched.worker import WorkerState
@@ -39,7 +40,8 @@ class ToggleParams:
     multiplexing the multiplexing workers' queues too, where a chunk boundary lets an urgent
     prompt go ahead of one with slack to spare), and whether Path 1 takes the baselines'
     dispatch (fewest unfinished tokens) instead of the earliest predicted finish, and whether
-    each worker's predictions are corrected online from the iterations it runs."""
+    each worker's predictions are corrected online from the iterations it runs, and whether
+    idle prefill workers lend themselves to the multiplexing side (``flex``, see roles.py)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -50,6 +52,7 @@ class ToggleParams:
     laxity: bool = False
     least_loaded: bool = False
     correct: bool = False
+    flex: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -85,6 +88,7 @@ class TropicalPolicy(Policy):
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._demoted_ids: set[int] = set()
+        self._roles = RoleSwitch()
 
     @property
     def learns_latency(self) -> bool:
@@ -140,7 +144,11 @@ class TropicalPolicy(Policy):
             (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
         if not self.toggle.chunked:
             hopeful += [item for item in hopeless if not self.toggle.demote_doomed]
-        return self._multiplex_at_risk(hopeful, multiplex, now) + [
+        moves = self._multiplex_at_risk(hopeful, multiplex, now)
+        if self.toggle.flex:
+            self._roles.update(workers, now, len(moves) < len(at_risk),
+                               {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
+        return moves + [
             self._demoted(req, source) for req, source, _ in hopeless
             if self.toggle.demote_doomed and req.id not in self._demoted_ids]
 
@@ -260,6 +268,8 @@ class TropicalPolicy(Policy):
         iteration; chunked multiplexing runs it, after the prompts ahead of it, in the largest
         chunk each iteration's slack admits.
         """
+        if worker.id in self._roles.returning:
+            return None
         nxt = self._next_of(worker, now)
         prefills = (plan or self._queued_of(worker, now)).plus(req, worker)
         if not self._room_for(worker, prefills):
@@ -344,7 +354,8 @@ class TropicalPolicy(Policy):
         arriving request's own TPOT budget; any worker with room when none does. Under chunked
         multiplexing the request rather waits (None) while some worker decodes, so that no
         decode iteration outgrows a TPOT SLO it promised."""
-        fitting = [w for w in workers if w.role.decodes and self._joins_in_time(req, w, now)]
+        fitting = [w for w in workers if w.role.decodes and w.id not in self._roles.returning
+                   and self._joins_in_time(req, w, now)]
         chosen = decode_destination(req, fitting)
         decoding = any(w.batch_size for w in workers if w.alive and w.role.decodes)
         if chosen is not None or (self.toggle.chunked and decoding):

@@ -62,6 +62,7 @@ class ToggleParams:
 
 
 _BAND = math.log(1.01)
+_CHUNKS_KEPT = 4096
 
 
 class TropicalPolicy(Policy):
@@ -84,7 +85,7 @@ class TropicalPolicy(Policy):
                                      tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
-        self._chunks: dict[tuple[int, int | None], Chunk] = {}
+        self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._demoted_ids: set[int] = set()
@@ -109,7 +110,8 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round, self._chunks, self._queued, self._queues = {}, {}, {}, {}
+        self._round, self._queued, self._queues = {}, {}, {}
+        self._forget_chunks()
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
@@ -138,7 +140,8 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round, self._chunks, self._queued, self._queues = {}, {}, {}, {}, {}
+        self._checks, self._round, self._queued, self._queues = {}, {}, {}, {}
+        self._forget_chunks()
         hopeless, hopeful = [], []
         for item in at_risk:
             (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
@@ -308,15 +311,22 @@ class TropicalPolicy(Policy):
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
-        once per scheduling round and 1% band of limits (priced at the band's floor, the safe
+        once per decode batch and 1% band of limits (priced at the band's floor, the safe
         side), so candidates with slightly different SLOs share it."""
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
-        key = (worker.id, band)
         if band is not None:
             limit = math.exp(band * _BAND)
+        decode = nxt.shape([])
+        key = (worker.id, band, decode.decode_count, decode.decode_context)
         if key not in self._chunks:
-            self._chunks[key] = Chunk.of(worker, nxt.shape([]), limit)
+            self._chunks[key] = Chunk.of(worker, decode, limit)
         return self._chunks[key]
+
+    def _forget_chunks(self) -> None:
+        """Chunks are kept per decode batch, which many decisions share (arrivals within one
+        iteration); they go when predictions may have moved (online correction) or pile up."""
+        if self.toggle.correct or len(self._chunks) > _CHUNKS_KEPT:
+            self._chunks = {}
 
     def _next_of(self, worker: WorkerState, now: float) -> NextIteration:
         """The worker's next iteration as it stands, computed once per scheduling round."""

@@ -31,7 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 class PolicyConfig:
     """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
     rule, look-ahead, demotion of doomed requests, chunked multiplexing, laxity order, Path 1's
-    dispatch and online correction of predictions."""
+    dispatch, online correction of predictions and roles both ways."""
 
     policy: str = "tropical"
     prefill_workers: int | None = None
@@ -46,13 +46,14 @@ class PolicyConfig:
     laxity: bool = False
     least_loaded: bool = False
     correct_predictions: bool = False
+    roles_both_ways: bool = False
 
     def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
         """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
         prefill = self.prefill_workers if num_prefill is None else num_prefill
         toggle = ToggleParams(prefill, self.watermark, slack_rule(self.slack), self.lookahead,
                               self.demote_doomed, self.chunked_multiplex, self.laxity,
-                              self.least_loaded, self.correct_predictions)
+                              self.least_loaded, self.correct_predictions, self.roles_both_ways)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle)
 
 

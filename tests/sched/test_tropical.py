@@ -159,10 +159,12 @@ def test_banked_rule_spends_time_saved_so_far():
     assert not budget.fits(0.4, start=0.1, rule=SlackRule.ITERATION)
 
 
+@pytest.mark.parametrize("name", ["tropical", "tropical+"])
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(500, 6000), st.integers(2, 80)), min_size=20, max_size=60))
-def test_chunked_multiplexing_keeps_tpot_of_every_request_it_touches_with_exact_predictor(lengths):
-    policy = make_policy("tropical", PolicyParams(toggle=ToggleParams(chunked=True)))
+def test_chunked_multiplexing_keeps_tpot_of_every_request_it_touches_with_exact_predictor(name, lengths):
+    """``tropical`` with chunked multiplexing alone, and ``tropical+`` (laxity order too)."""
+    policy = make_policy(name, PolicyParams(toggle=ToggleParams(chunked=True)))
     sim = Watched(CLUSTER.build(policy), policy, bursty(lengths, gap=0.005))
     done = sim.run()
     multiplexed = [r for r in done if r.path is PrefillPath.MULTIPLEX]

@@ -25,6 +25,7 @@ from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
+from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget
 from tropical.sched.worker import WorkerState
@@ -39,7 +40,8 @@ class ToggleParams:
     multiplexing the multiplexing workers' queues too, where a chunk boundary lets an urgent
     prompt go ahead of one with slack to spare), and whether Path 1 takes the baselines'
     dispatch (fewest unfinished tokens) instead of the earliest predicted finish, and whether
-    each worker's predictions are corrected online from the iterations it runs."""
+    each worker's predictions are corrected online from the iterations it runs, and whether
+    idle prefill workers lend themselves to the multiplexing side (``flex``, see roles.py)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -50,6 +52,7 @@ class ToggleParams:
     laxity: bool = False
     least_loaded: bool = False
     correct: bool = False
+    flex: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -59,6 +62,7 @@ class ToggleParams:
 
 
 _BAND = math.log(1.01)
+_CHUNKS_KEPT = 4096
 
 
 class TropicalPolicy(Policy):
@@ -81,10 +85,11 @@ class TropicalPolicy(Policy):
                                      tpot_guard=self.toggle.slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
-        self._chunks: dict[tuple[int, int | None], Chunk] = {}
+        self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._demoted_ids: set[int] = set()
+        self._roles = RoleSwitch()
 
     @property
     def learns_latency(self) -> bool:
@@ -105,7 +110,8 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round, self._chunks, self._queued, self._queues = {}, {}, {}, {}
+        self._round, self._queued, self._queues = {}, {}, {}
+        self._forget_chunks()
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
@@ -134,13 +140,18 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round, self._chunks, self._queued, self._queues = {}, {}, {}, {}, {}
+        self._checks, self._round, self._queued, self._queues = {}, {}, {}, {}
+        self._forget_chunks()
         hopeless, hopeful = [], []
         for item in at_risk:
             (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
         if not self.toggle.chunked:
             hopeful += [item for item in hopeless if not self.toggle.demote_doomed]
-        return self._multiplex_at_risk(hopeful, multiplex, now) + [
+        moves = self._multiplex_at_risk(hopeful, multiplex, now)
+        if self.toggle.flex:
+            self._roles.update(workers, now, len(moves) < len(at_risk),
+                               {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
+        return moves + [
             self._demoted(req, source) for req, source, _ in hopeless
             if self.toggle.demote_doomed and req.id not in self._demoted_ids]
 
@@ -260,6 +271,8 @@ class TropicalPolicy(Policy):
         iteration; chunked multiplexing runs it, after the prompts ahead of it, in the largest
         chunk each iteration's slack admits.
         """
+        if worker.id in self._roles.returning:
+            return None
         nxt = self._next_of(worker, now)
         prefills = (plan or self._queued_of(worker, now)).plus(req, worker)
         if not self._room_for(worker, prefills):
@@ -298,15 +311,22 @@ class TropicalPolicy(Policy):
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
-        once per scheduling round and 1% band of limits (priced at the band's floor, the safe
+        once per decode batch and 1% band of limits (priced at the band's floor, the safe
         side), so candidates with slightly different SLOs share it."""
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
-        key = (worker.id, band)
         if band is not None:
             limit = math.exp(band * _BAND)
+        decode = nxt.shape([])
+        key = (worker.id, band, decode.decode_count, decode.decode_context)
         if key not in self._chunks:
-            self._chunks[key] = Chunk.of(worker, nxt.shape([]), limit)
+            self._chunks[key] = Chunk.of(worker, decode, limit)
         return self._chunks[key]
+
+    def _forget_chunks(self) -> None:
+        """Chunks are kept per decode batch, which many decisions share (arrivals within one
+        iteration); they go when predictions may have moved (online correction) or pile up."""
+        if self.toggle.correct or len(self._chunks) > _CHUNKS_KEPT:
+            self._chunks = {}
 
     def _next_of(self, worker: WorkerState, now: float) -> NextIteration:
         """The worker's next iteration as it stands, computed once per scheduling round."""
@@ -344,7 +364,8 @@ class TropicalPolicy(Policy):
         arriving request's own TPOT budget; any worker with room when none does. Under chunked
         multiplexing the request rather waits (None) while some worker decodes, so that no
         decode iteration outgrows a TPOT SLO it promised."""
-        fitting = [w for w in workers if w.role.decodes and self._joins_in_time(req, w, now)]
+        fitting = [w for w in workers if w.role.decodes and w.id not in self._roles.returning
+                   and self._joins_in_time(req, w, now)]
         chosen = decode_destination(req, fitting)
         decoding = any(w.batch_size for w in workers if w.alive and w.role.decodes)
         if chosen is not None or (self.toggle.chunked and decoding):

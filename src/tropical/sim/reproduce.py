@@ -39,6 +39,8 @@ ABLATION: dict[str, dict[str, object]] = {
     "chunked multiplexing + laxity order": {"chunked": True, "laxity": True},
     "chunked multiplexing + laxity order, baselines' dispatch": {"chunked": True, "laxity": True,
                                                                  "least_loaded": True},
+    "the same + roles both ways": {"chunked": True, "laxity": True, "least_loaded": True,
+                                   "flex": True},
     "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
 }
 """Toggle variants, each one mechanism more than the paper's (demotion disclosed separately)."""

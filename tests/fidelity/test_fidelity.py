@@ -136,8 +136,9 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
 def test_each_twin_worker_runs_at_its_own_speed() -> None:
     planned = [PlannedRequest(0, 0.0, 50, 6)]
     slow_decoder = [linear_model(), AdjustedModel(linear_model(), scale=10.0)]
-    bare = simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, linear_model()).requests[0]
-    twin = simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, slow_decoder, predictor=linear_model()).requests[0]
+    slo = SLO(1.0, 0.1)
+    bare = simulate_twin(planned, slo, "disagg", SHAPE, linear_model()).requests[0]
+    twin = simulate_twin(planned, slo, "disagg", SHAPE, slow_decoder, predictor=linear_model()).requests[0]
     assert ttft(twin) == pytest.approx(ttft(bare)) and tpot(twin) == pytest.approx(10 * tpot(bare), rel=0.05)
     with pytest.raises(ValueError, match="runs 2 workers; got 3 latency models"):
         simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, [linear_model()] * 3)
@@ -145,8 +146,9 @@ def test_each_twin_worker_runs_at_its_own_speed() -> None:
 
 def test_frontend_latency_adds_to_ttft_not_tpot() -> None:
     planned = [PlannedRequest(0, 0.0, 50, 4)]
-    bare = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model()).requests[0]
-    slow = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model(), frontend=0.25).requests[0]
+    slo = SLO(1.0, 0.1)
+    bare = simulate_twin(planned, slo, "colocated", SHAPE, linear_model()).requests[0]
+    slow = simulate_twin(planned, slo, "colocated", SHAPE, linear_model(), frontend=0.25).requests[0]
     assert ttft(slow) == pytest.approx(ttft(bare) + 0.25) and tpot(slow) == pytest.approx(tpot(bare))
     assert slow.arrival == 0.0
 

@@ -133,6 +133,12 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert "no finished run to replay" in capsys.readouterr().err
 
 
+def test_the_twin_books_its_gaps_between_tokens() -> None:
+    planned = [PlannedRequest(i, 0.05 * i, 40 + i, 5) for i in range(12)]
+    summary = simulate_twin(planned, SLO(1.0, 0.1), "chunked", SHAPE, linear_model()).summary()
+    assert 0 < summary.itl.p50 <= summary.itl.p99 and summary.stall_share == 0.0
+
+
 def test_each_twin_worker_runs_at_its_own_speed() -> None:
     planned = [PlannedRequest(0, 0.0, 50, 6)]
     slow_decoder = [linear_model(), AdjustedModel(linear_model(), scale=10.0)]

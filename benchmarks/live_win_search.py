@@ -23,7 +23,7 @@ from tropical.bench.plan import plan_requests
 from tropical.bench.run import workload
 from tropical.calibration.store import load_profile
 from tropical.core.latency.adjusted import AdjustedModel
-from tropical.core.metrics import goodput, span, summarize
+from tropical.core.metrics import goodput, span
 from tropical.fidelity.report import BASELINES, TOGGLE
 from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
@@ -53,8 +53,8 @@ def simulate(setting: Setting, args: argparse.Namespace,
     slo = bench.slo
     out = {}
     for policy in POLICIES:
-        done = simulate_twin(planned, slo, policy, shape, latency, args.frontend_ms / 1e3, latency.base)
-        s = summarize(done)
+        twin = simulate_twin(planned, slo, policy, shape, latency, args.frontend_ms / 1e3, latency.base)
+        done, s = twin.requests, twin.summary()
         out[policy] = {"goodput_rps": goodput(done), "attainment": s.attainment, "span_s": span(done),
                        "ttft_p90_s": s.ttft.p90, "tpot_p90_s": s.tpot.p90}
     return out

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tropical.bench.plan import plan_requests
 from tropical.calibration.store import load_profile
-from tropical.core.metrics import summarize
 from tropical.core.slo import SLO
 from tropical.fidelity.twin import ServerShape, simulate_twin
 from tropical.workload.catalog import load_slice
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         policy, workers = ROLES[name]
         shape = ServerShape(tokens, 16, 2048, 2048, workers)
-        flat[name] = summarize(simulate_twin(planned, slo, policy, shape, latency)).as_dict()
+        flat[name] = simulate_twin(planned, slo, policy, shape, latency).summary().as_dict()
     print(f"simulated: {len(planned)} requests, lengths x{length:g}, rate x{rate:g}, "
           f"KV {tokens} tokens/worker")
     print("| metric | " + " | ".join(names) + " |\n| --- |" + " ---: |" * len(names))

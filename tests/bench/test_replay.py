@@ -42,6 +42,7 @@ def test_metrics_are_the_simulators_formulas_on_the_measured_times(fake_server):
     [m] = run(fake_server(Script(first_delay=0.01, gap=0.01)), [one(output=4)])
     req = m.to_request(SLO_)
     assert (req.arrival, req.first_token, req.finish) == (m.sent, m.chunks[0], m.chunks[-1])
+    assert req.max_gap == max(m.chunk_gaps())          # the longest wait a user saw between chunks
     assert ttft(req) == m.chunks[0] - m.sent
     assert tpot(req) == (m.chunks[-1] - m.chunks[0]) / 3
 

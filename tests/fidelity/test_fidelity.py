@@ -88,7 +88,7 @@ def test_each_workers_speed_sums_to_its_live_compute_time() -> None:
 @pytest.mark.parametrize("policy", ["colocated", "disagg", "tropical"])
 def test_twin_simulates_every_planned_request(policy: str) -> None:
     planned = [PlannedRequest(i, 0.05 * i, 40 + i, 5) for i in range(12)]
-    done = simulate_twin(planned, SLO(1.0, 0.1), policy, SHAPE, linear_model())
+    done = simulate_twin(planned, SLO(1.0, 0.1), policy, SHAPE, linear_model()).requests
     assert [r.id for r in done] == list(range(12)) and all(r.error is None and r.finish for r in done)
 
 
@@ -133,11 +133,18 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert "no finished run to replay" in capsys.readouterr().err
 
 
+def test_the_twin_books_its_gaps_between_tokens() -> None:
+    planned = [PlannedRequest(i, 0.05 * i, 40 + i, 5) for i in range(12)]
+    summary = simulate_twin(planned, SLO(1.0, 0.1), "chunked", SHAPE, linear_model()).summary()
+    assert 0 < summary.itl.p50 <= summary.itl.p99 and summary.stall_share == 0.0
+
+
 def test_each_twin_worker_runs_at_its_own_speed() -> None:
     planned = [PlannedRequest(0, 0.0, 50, 6)]
     slow_decoder = [linear_model(), AdjustedModel(linear_model(), scale=10.0)]
-    bare = simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, linear_model())[0]
-    twin = simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, slow_decoder, predictor=linear_model())[0]
+    slo = SLO(1.0, 0.1)
+    bare = simulate_twin(planned, slo, "disagg", SHAPE, linear_model()).requests[0]
+    twin = simulate_twin(planned, slo, "disagg", SHAPE, slow_decoder, predictor=linear_model()).requests[0]
     assert ttft(twin) == pytest.approx(ttft(bare)) and tpot(twin) == pytest.approx(10 * tpot(bare), rel=0.05)
     with pytest.raises(ValueError, match="runs 2 workers; got 3 latency models"):
         simulate_twin(planned, SLO(1.0, 0.1), "disagg", SHAPE, [linear_model()] * 3)
@@ -145,8 +152,9 @@ def test_each_twin_worker_runs_at_its_own_speed() -> None:
 
 def test_frontend_latency_adds_to_ttft_not_tpot() -> None:
     planned = [PlannedRequest(0, 0.0, 50, 4)]
-    bare = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model())[0]
-    slow = simulate_twin(planned, SLO(1.0, 0.1), "colocated", SHAPE, linear_model(), frontend=0.25)[0]
+    slo = SLO(1.0, 0.1)
+    bare = simulate_twin(planned, slo, "colocated", SHAPE, linear_model()).requests[0]
+    slow = simulate_twin(planned, slo, "colocated", SHAPE, linear_model(), frontend=0.25).requests[0]
     assert ttft(slow) == pytest.approx(ttft(bare) + 0.25) and tpot(slow) == pytest.approx(tpot(bare))
     assert slow.arrival == 0.0
 
@@ -159,9 +167,9 @@ def test_a_study_needs_at_least_one_repeat() -> None:
 def test_twin_decides_with_the_servers_predictor_but_runs_at_the_measured_speed() -> None:
     planned = [PlannedRequest(0, 0.0, 400, 5)]
     slo, slow = SLO(0.2, 0.5), AdjustedModel(linear_model(), scale=10.0)
-    bare = simulate_twin(planned, slo, "tropical", SHAPE, linear_model())[0]
-    judged_slow = simulate_twin(planned, slo, "tropical", SHAPE, slow)[0]
-    twin = simulate_twin(planned, slo, "tropical", SHAPE, slow, predictor=linear_model())[0]
+    bare = simulate_twin(planned, slo, "tropical", SHAPE, linear_model()).requests[0]
+    judged_slow = simulate_twin(planned, slo, "tropical", SHAPE, slow).requests[0]
+    twin = simulate_twin(planned, slo, "tropical", SHAPE, slow, predictor=linear_model()).requests[0]
     assert bare.path is RequestPath.PREFILL_WORKER and judged_slow.path is not RequestPath.PREFILL_WORKER
     assert twin.path is bare.path and twin.reason == bare.reason
     assert ttft(twin) > 5 * ttft(bare), "the twin still runs at the measured (10x slower) speed"

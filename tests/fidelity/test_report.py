@@ -36,6 +36,12 @@ def test_toggle_ratio_against_the_best_baseline_live_and_simulated() -> None:
     assert "no toggle ratio" in toggle_line(policies[:1])
 
 
+def test_report_shows_itl_and_stalls_beside_the_error_goals() -> None:
+    text = report([repeats("chunked", [1.0, 1.2], 1.0)])
+    assert "| policy | ITL p50 (ms) | ITL p99 (ms) | stall > 1 s |" in text
+    assert "| chunked | - (-..-) / - - ✗ | - (-..-) / - - ✗ | 0.0% (0.0%..0.0%) / 0.0% - ✓ |" in text
+
+
 def test_report_states_the_median_error_and_path_agreement() -> None:
     text = report([repeats("chunked", [1.0, 1.2], 1.0)])
     assert "over 2 repeats" in text and "Path agreement: 20 of 20 requests (100.0%)" in text

@@ -94,6 +94,7 @@ class Measurement:
             req.fail(self.end, self.error)
         else:
             req.first_token, req.finish, req.generated = self.chunks[0], self.chunks[-1], self.tokens
+            req.max_gap = max(self.chunk_gaps(), default=0.0)
         return req
 
 

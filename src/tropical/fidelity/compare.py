@@ -12,17 +12,20 @@ from tropical.core.metrics import Summary
 from tropical.fidelity.paths import PathComparison
 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "attainment")
+STREAM_METRICS = ("itl_p50_s", "itl_p99_s", "stall_share")
+"""What users feel between tokens: reported real beside simulated, not in the error goals (a
+stall share of 0 has no relative error, and the twin prices each chunk, not each token)."""
 
 
 def values(summary: Summary) -> dict[str, float]:
     flat = summary.as_dict()
-    return {m: float(flat[m]) for m in METRICS}
+    return {m: float(flat[m]) for m in (*METRICS, *STREAM_METRICS)}
 
 
 def relative_errors(real: Summary, sim: Summary) -> dict[str, float]:
     """(sim - real) / real of each metric; NaN where real is 0 or missing."""
     r, s = values(real), values(sim)
-    return {m: relative_error(r[m], s[m]) for m in METRICS}
+    return {m: relative_error(r[m], s[m]) for m in (*METRICS, *STREAM_METRICS)}
 
 
 def relative_error(real: float, sim: float) -> float:

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tropical.fidelity.compare import METRICS, Comparison, relative_error, values
+from tropical.fidelity.compare import METRICS, STREAM_METRICS, Comparison, relative_error, values
 from tropical.fidelity.paths import PathComparison, merge
 
 GOODPUT = "goodput_rps"
@@ -59,12 +59,12 @@ class PolicyRepeats:
     def real(self) -> dict[str, Spread]:
         """Each metric and goodput over the live repeats."""
         per_run = [values(c.real) | {GOODPUT: c.goodput_rps} for c in self.runs]
-        return {m: Spread.of([run[m] for run in per_run]) for m in (*METRICS, GOODPUT)}
+        return {m: Spread.of([run[m] for run in per_run]) for m in (*METRICS, GOODPUT, *STREAM_METRICS)}
 
     def sim(self) -> dict[str, float]:
         """Each metric and goodput averaged over the repeats' twins (each with its run's overheads)."""
         per_run = [values(c.adjusted) | {GOODPUT: c.sim_goodput_rps} for c in self.runs]
-        return {m: statistics.fmean(run[m] for run in per_run) for m in (*METRICS, GOODPUT)}
+        return {m: _mean([run[m] for run in per_run]) for m in (*METRICS, GOODPUT, *STREAM_METRICS)}
 
     def errors(self) -> dict[str, float]:
         """(sim - real mean) / real mean of each metric and goodput."""
@@ -92,6 +92,11 @@ def median_abs_error(policies: Sequence[PolicyRepeats]) -> float:
 def path_agreement(policies: Sequence[PolicyRepeats]) -> float:
     """Share of all compared requests, over every policy and repeat, that took the same path."""
     return merge([p.paths() for p in policies]).agreement
+
+
+def _mean(samples: Sequence[float]) -> float:
+    finite = [x for x in samples if not math.isnan(x)]
+    return statistics.fmean(finite) if finite else math.nan
 
 
 def _nulls(numbers: dict[str, float]) -> dict[str, float | None]:

@@ -8,12 +8,13 @@ import math
 from collections.abc import Sequence
 from itertools import combinations
 
-from tropical.fidelity.compare import METRICS
+from tropical.fidelity.compare import METRICS, STREAM_METRICS
 from tropical.fidelity.paths import merge
 from tropical.fidelity.repeats import GOODPUT, PolicyRepeats, Spread, median_abs_error, path_agreement
 
 LABELS = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "tpot_p50_s": "TPOT p50",
-          "tpot_p90_s": "TPOT p90", "attainment": "attainment", GOODPUT: "goodput (req/s)"}
+          "tpot_p90_s": "TPOT p90", "attainment": "attainment", GOODPUT: "goodput (req/s)",
+          "itl_p50_s": "ITL p50", "itl_p99_s": "ITL p99", "stall_share": "stall > 1 s"}
 TOGGLE = "tropical+"
 BASELINES = ("colocated", "chunked", "disagg")
 
@@ -26,7 +27,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 def fmt(value: float, metric: str) -> str:
     if math.isnan(value):
         return "-"
-    if metric == "attainment":
+    if metric in ("attainment", "stall_share"):
         return f"{value:.1%}"
     return f"{value:.3f}" if metric == GOODPUT else f"{value * 1e3:.0f}"
 
@@ -39,12 +40,12 @@ def cell(spread: Spread, sim: float, error: float, metric: str) -> str:
             f"{fmt(sim, metric)} {err} {mark}")
 
 
-def numbers_table(policies: Sequence[PolicyRepeats]) -> str:
-    headers = ["policy", *(LABELS[m] + (" (ms)" if m.endswith("_s") else "") for m in (*METRICS, GOODPUT))]
+def numbers_table(policies: Sequence[PolicyRepeats], metrics: Sequence[str] = (*METRICS, GOODPUT)) -> str:
+    headers = ["policy", *(LABELS[m] + (" (ms)" if m.endswith("_s") else "") for m in metrics)]
     rows = []
     for p in policies:
         real, sim, err = p.real(), p.sim(), p.errors()
-        rows.append([p.policy, *(cell(real[m], sim[m], err[m], m) for m in (*METRICS, GOODPUT))])
+        rows.append([p.policy, *(cell(real[m], sim[m], err[m], m) for m in metrics)])
     return markdown_table(headers, rows)
 
 
@@ -115,7 +116,10 @@ def report(policies: Sequence[PolicyRepeats]) -> str:
         "Times in ms.", "",
         numbers_table(policies), "",
         f"Median absolute error over the {numbers} latency and attainment numbers: "
-        f"{_share(median_abs_error(policies))}; within 20%: {_within(policies, 0.2)} of {numbers}.",
+        f"{_share(median_abs_error(policies))}; within 20%: {_within(policies, 0.2)} of {numbers}.", "",
+        "Between tokens (per-token ITL from each stream's chunks, and the share of requests with a gap "
+        "over 1 s between two chunks), reported beside the numbers above and not in their error:", "",
+        numbers_table(policies, STREAM_METRICS), "",
         spread_line(policies),
         f"Path agreement: {paths.same} of {paths.compared} requests ({_share(path_agreement(policies))}) "
         "took the same path live and in the twin.", "",

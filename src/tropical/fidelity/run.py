@@ -12,6 +12,7 @@ from tropical.bench.plan import PlannedRequest
 from tropical.bench.record import Measurement
 from tropical.bench.run import BenchRun, run_bench
 from tropical.calibration.store import load_profile
+from tropical.core.gaps import GapHistogram
 from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import goodput, summarize
 from tropical.core.slo import SLO
@@ -96,10 +97,15 @@ def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: Latenc
     """The run against its twins: on the bare ``profile``, and at the run's measured ``speeds``
     (one per worker) and ``frontend`` latency; both decide with ``profile``, as the server did."""
     real = [m.to_request(run.slo) for m in run.measured]
+    gaps = GapHistogram()
+    for m in run.measured:
+        for gap in m.itls() if m.error is None else ():
+            gaps.add(gap)
     bare = simulate_twin(run.planned, run.slo, policy, shape, profile)
     modeled = simulate_twin(run.planned, run.slo, policy, shape, speeds, frontend, profile)
-    return Comparison(policy, summarize(real), summarize(bare), summarize(modeled), tuple(speeds), frontend,
-                      goodput(real), goodput(modeled), compare_paths(run.measured, modeled))
+    return Comparison(policy, summarize(real, gaps), bare.summary(), modeled.summary(), tuple(speeds),
+                      frontend, goodput(real), goodput(modeled.requests),
+                      compare_paths(run.measured, modeled.requests))
 
 
 def run_study(cfg: FidelityConfig, logs: Path, progress: Callable[[str], None] = lambda _: None,

@@ -7,7 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tropical.bench.plan import PlannedRequest
+from tropical.core.gaps import GapHistogram
 from tropical.core.latency.model import LatencyModel
+from tropical.core.latency.online import OnlineLatency
+from tropical.core.metrics import Summary, summarize
 from tropical.core.request import Request
 from tropical.core.slo import SLO
 from tropical.sched.worker import worker_state
@@ -37,24 +40,38 @@ class ServerShape:
         return [str(x) for flag, value in args.items() if value is not None for x in (flag, value)]
 
 
+@dataclass(frozen=True, slots=True)
+class TwinRun:
+    """The twin's requests, in arrival order, and every gap between two tokens it booked."""
+
+    requests: list[Request]
+    gaps: GapHistogram
+
+    def summary(self) -> Summary:
+        return summarize(self.requests, self.gaps)
+
+
 def simulate_twin(planned: Sequence[PlannedRequest], slo: SLO, policy: str, shape: ServerShape,
                   latency: LatencyModel | Sequence[LatencyModel], frontend: float = 0.0,
-                  predictor: LatencyModel | None = None) -> list[Request]:
+                  predictor: LatencyModel | None = None) -> TwinRun:
     """Simulate ``planned`` on the server's cluster, iterations timed by ``latency`` (one model for
     every worker, or one per worker). Each request reaches the cluster ``frontend`` seconds after
     it is sent (HTTP, parsing, streaming back), and is timed from its send. The policy predicts
     with ``predictor`` (default: the first worker's ``latency``): the server's policy predicts
     with the bare profile it was started with, whatever the machine's real speed, so a twin
-    deciding with the measured speed would choose other paths."""
+    deciding with the measured speed would choose other paths (and corrects it online as the
+    server does, where the policy learns from its iterations)."""
     chosen, roles = policy_and_roles(shape.options(policy))
     speeds = list(latency) if isinstance(latency, Sequence) else [latency] * len(roles)
     if len(speeds) != len(roles):
         raise ValueError(f"policy {policy} runs {len(roles)} workers; got {len(speeds)} latency models")
     blocks = -(-shape.kv_tokens // shape.block_size)
-    workers = [worker_state(i, role, chosen.rules(role), blocks, shape.block_size, predictor or speeds[0])
+    base = predictor or speeds[0]
+    workers = [worker_state(i, role, chosen.rules(role), blocks, shape.block_size,
+                            OnlineLatency(base) if chosen.learns_latency else base)
                for i, role in enumerate(roles)]
     requests = [Request(p.id, p.send_at + frontend, p.prompt_len, p.output_len, slo) for p in planned]
     done = Simulator(workers, chosen, requests, shape.max_model_len, truth=speeds).run()
     for req in done:
         req.arrival -= frontend
-    return done
+    return TwinRun(done, GapHistogram.merged(w.gaps.histogram for w in workers))

@@ -51,9 +51,11 @@ class PolicyConfig:
     def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
         """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
         prefill = self.prefill_workers if num_prefill is None else num_prefill
-        toggle = ToggleParams(prefill, self.watermark, slack_rule(self.slack), self.lookahead,
-                              self.demote_doomed, self.chunked_multiplex, self.laxity,
-                              self.least_loaded, self.correct_predictions, self.roles_both_ways)
+        toggle = ToggleParams(num_prefill=prefill, watermark=self.watermark, slack=slack_rule(self.slack),
+                              lookahead=self.lookahead, demote_doomed=self.demote_doomed,
+                              chunked=self.chunked_multiplex, laxity=self.laxity,
+                              least_loaded=self.least_loaded, correct=self.correct_predictions,
+                              flex=self.roles_both_ways)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle)
 
 

@@ -92,5 +92,5 @@ def test_observed_decodes_scale_later_predictions() -> None:
 
 def test_an_outlandish_observation_is_ignored() -> None:
     online = OnlineLatency(linear_model())
-    online.observe_prefill(BatchShape.prefill(100), 1000.0)
+    online.observe(BatchShape.prefill(100), 1000.0)
     assert online.prefill_scale == 1.0 and online.observations == 0

@@ -99,7 +99,7 @@ class Shadow:
         if since is None or state.running or state.batch_prefills != 1 or state.waiting[0] is not req:
             return
         start = max(since, self.last_event)
-        self.latency.observe_prefill(BatchShape.prefill(req.remaining_prompt, req.computed), now - start)
+        self.latency.observe(BatchShape.prefill(req.remaining_prompt, req.computed), now - start)
 
     def _replan(self, now: float) -> None:
         """The iteration vLLM is running now, as far as the shadow knows: decodes plus the oldest

@@ -5,7 +5,8 @@ where it was measured. Each observed stretch is reported against the profile's p
 moving average of the ratios scales the prefill and decode parts of every later prediction (the
 decode part stays a line in the context, as the simulator needs). The toggle's workers observe
 their own iterations (``observe``); a vLLM instance, which plans its own iterations, is observed
-through its streams (``observe_prefill``, ``observe_decodes``).
+through its streams (a prompt's first token ends a prefill, ``observe``; tokens between events
+end runs of decodes, ``observe_decodes``).
 """
 
 from __future__ import annotations
@@ -58,12 +59,6 @@ class OnlineLatency:
         if prefill > 0:
             self.prefill_scale = self._blend(self.prefill_scale,
                                              (seconds - decode * self.decode_scale) / prefill, times)
-
-    def observe_prefill(self, shape: BatchShape, seconds: float) -> None:
-        """A prefill-only stretch of ``seconds`` over ``shape``."""
-        predicted = self.base.iteration_time(shape)
-        if predicted > 0:
-            self.prefill_scale = self._blend(self.prefill_scale, seconds / predicted)
 
     def observe_decodes(self, batch: int, context: int, steps: int, seconds: float) -> None:
         """``steps`` decode-only iterations of ``batch`` requests (``context`` tokens in all)."""

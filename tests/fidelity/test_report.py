@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.fidelity.test_repeats import run
 from tropical.fidelity.repeats import PolicyRepeats, Spread
 from tropical.fidelity.report import cell, ranking_lines, report, toggle_line
@@ -36,10 +38,21 @@ def test_toggle_ratio_against_the_best_baseline_live_and_simulated() -> None:
     assert "no toggle ratio" in toggle_line(policies[:1])
 
 
+def test_toggle_ratio_under_stream_attainment_counts_only_streams_without_long_gaps() -> None:
+    fine = run("chunked", 0.5, 0.5, (1.0, 1.0))
+    stalled = replace(fine, real=replace(fine.real, stream_attainment=0.5))
+    policies = [PolicyRepeats("chunked", (stalled,)), repeats("tropical+", [1.5], 1.4)]
+    paper, stream = toggle_line(policies).splitlines()
+    assert "tropical+ goodput / best baseline's: live 1.50x" in paper
+    assert "tropical+ stream goodput / best baseline's: live 3.00x" in stream and "simulated 1.40x" in stream
+
+
 def test_report_shows_itl_and_stalls_beside_the_error_goals() -> None:
     text = report([repeats("chunked", [1.0, 1.2], 1.0)])
-    assert "| policy | ITL p50 (ms) | ITL p99 (ms) | stall > 1 s |" in text
-    assert "| chunked | - (-..-) / - - ✗ | - (-..-) / - - ✗ | 0.0% (0.0%..0.0%) / 0.0% - ✓ |" in text
+    assert ("| policy | ITL p50 (ms) | ITL p99 (ms) | stall > 1 s | stream attainment | "
+            "stream goodput (req/s) |") in text
+    assert ("| chunked | - (-..-) / - - ✗ | - (-..-) / - - ✗ | 0.0% (0.0%..0.0%) / 0.0% - ✓ | "
+            "100.0% (100.0%..100.0%) / 100.0% +0% ✓ | 1.100 (1.000..1.200) / 1.000 -9% ✓ |") in text
 
 
 def test_report_states_the_median_error_and_path_agreement() -> None:

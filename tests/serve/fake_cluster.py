@@ -3,7 +3,8 @@
 ``VirtualLoop`` is an asyncio loop whose clock jumps to the next timer whenever nothing is ready,
 so sleeps cost nothing and every time the router reads is exact. ``FakeWorker`` answers a step
 after the time the latency model gives for it (the simulator's truth), samples token 1 (or what a
-script says), and moves KV in the model's transfer time.
+script says), and stages KV in the model's transfer time; like a worker process it runs one
+command at a time, so a KV import waits for the step in flight.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class FakeWorker:
     freed: list[int] = field(default_factory=list)
     on_death: Callable[[int], None] = lambda worker_id: None
     on_revive: Callable[[int], None] = lambda worker_id: None
+    busy: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def pid(self) -> int | None:
@@ -96,6 +98,11 @@ class FakeWorker:
         return "local"
 
     async def call(self, command: Any) -> Any:
+        """One command at a time, as a worker process reads its pipe."""
+        async with self.busy:
+            return await self._run(command)
+
+    async def _run(self, command: Any) -> Any:
         if not self.alive:
             raise WorkerDied(f"worker {self.worker_id} is dead")
         if isinstance(command, Free):
@@ -124,10 +131,13 @@ class FakeWorker:
     async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[int]:
         if not self.alive:
             raise WorkerDied(f"worker {self.worker_id} is dead")
+        await asyncio.sleep(self.latency.transfer_time(tokens))
         yield tokens
 
     async def import_kv(self, seq_id: int, blob: int, tokens: int) -> None:
-        await asyncio.sleep(self.latency.transfer_time(tokens))
+        """Instant, but only between steps: the move's time is spent staging it (``exported``)."""
+        async with self.busy:
+            return
 
     def kill(self) -> None:
         """The process dies: its calls fail from now on, and the router hears of it."""

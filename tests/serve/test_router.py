@@ -154,3 +154,25 @@ def test_many_requests_on_a_virtual_clock_all_finish_and_leave_no_kv():
     assert [h.completion_tokens for h in handles] == [r.output_len for r in reqs]
     assert all(w.kv.used_blocks == 0 and not w.running and not w.waiting for w in fake.router.workers)
     assert not fake.router.handles and not fake.router.sequences
+
+
+def test_a_migrated_request_joins_the_first_iteration_after_its_kv_is_staged():
+    """The decode worker is mid-step when the KV is staged; it imports before planning its next
+    step, which decodes the newcomer (an import queued behind the step would join one later)."""
+    busy, newcomer = requests((50, 400), (3000, 6))
+
+    async def main(loop):
+        policy, workers = build("disagg")
+        fake = start_router(loop, policy, workers, {0: 50, 1: 3000})
+        first = fake.router.submit(submission(busy))
+        await first.events.get()
+        await at(loop, loop.time() + 0.05)
+        handle = fake.router.submit(submission(newcomer))
+        await finished(handle)
+        await fake.router.stop()
+        return fake, handle
+
+    fake, handle = run_virtual(main)
+    staged = handle.req.first_token + handle.req.migration_time
+    after = [(now, batch) for worker, now, batch in fake.plans if worker == 1 and now >= staged]
+    assert handle.req.decode_worker == 1 and after[0][1].decode_count == 2

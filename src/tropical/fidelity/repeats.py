@@ -16,6 +16,8 @@ from tropical.fidelity.compare import METRICS, STREAM_METRICS, Comparison, relat
 from tropical.fidelity.paths import PathComparison, merge
 
 GOODPUT = "goodput_rps"
+STREAM_GOODPUT = "stream_goodput_rps"
+GOODPUTS = (GOODPUT, STREAM_GOODPUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +60,13 @@ class PolicyRepeats:
 
     def real(self) -> dict[str, Spread]:
         """Each metric and goodput over the live repeats."""
-        per_run = [values(c.real) | {GOODPUT: c.goodput_rps} for c in self.runs]
-        return {m: Spread.of([run[m] for run in per_run]) for m in (*METRICS, GOODPUT, *STREAM_METRICS)}
+        per_run = [with_goodputs(values(c.real), c.goodput_rps) for c in self.runs]
+        return {m: Spread.of([run[m] for run in per_run]) for m in (*METRICS, *GOODPUTS, *STREAM_METRICS)}
 
     def sim(self) -> dict[str, float]:
         """Each metric and goodput averaged over the repeats' twins (each with its run's overheads)."""
-        per_run = [values(c.adjusted) | {GOODPUT: c.sim_goodput_rps} for c in self.runs]
-        return {m: _mean([run[m] for run in per_run]) for m in (*METRICS, GOODPUT, *STREAM_METRICS)}
+        per_run = [with_goodputs(values(c.adjusted), c.sim_goodput_rps) for c in self.runs]
+        return {m: _mean([run[m] for run in per_run]) for m in (*METRICS, *GOODPUTS, *STREAM_METRICS)}
 
     def errors(self) -> dict[str, float]:
         """(sim - real mean) / real mean of each metric and goodput."""
@@ -81,6 +83,14 @@ class PolicyRepeats:
                 "relative_error": _nulls(err),
                 "sim_within_spread": {m: real[m].contains(sim[m]) for m in real},
                 "paths": self.paths().as_dict(), "runs": [c.as_dict() for c in self.runs]}
+
+
+def with_goodputs(flat: dict[str, float], goodput: float) -> dict[str, float]:
+    """``flat`` and both goodputs: requests attaining per second, and stream-attaining per second.
+    Both count over the same requests and span, so the second is the first scaled by the share
+    of attaining requests that also stream-attain."""
+    stream = goodput * flat["stream_attainment"] / flat["attainment"] if flat["attainment"] else 0.0
+    return flat | {GOODPUT: goodput, STREAM_GOODPUT: stream}
 
 
 def median_abs_error(policies: Sequence[PolicyRepeats]) -> float:

@@ -76,6 +76,21 @@ def check_capacity(draining: bool, running: bool, workers: Sequence[WorkerState]
                             f"(limit {settings.max_waiting}); retry later")
 
 
+@dataclass(slots=True)
+class Landing:
+    """A migration whose KV is staged on its source, waiting for its target's next boundary;
+    ``done`` releases the staged copy once the target has imported it (or failed to)."""
+
+    move: Migrate
+    blob: object
+    exported_s: float
+    done: asyncio.Future
+
+    def release(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
 class Router:
     """The Cluster, the worker processes it runs on, and the streams of the requests in flight."""
 
@@ -99,6 +114,7 @@ class Router:
         self._aborts: list[set[int]] = [set() for _ in self.workers]
         self._frees: list[list[int]] = [[] for _ in self.workers]
         self._wakeups = [asyncio.Event() for _ in self.workers]
+        self._landings: list[list[Landing]] = [[] for _ in self.workers]
         self._tasks: list[asyncio.Task] = []
         self.draining = False
         for client in self.clients:
@@ -208,6 +224,7 @@ class Router:
     async def _step(self, worker_id: int) -> bool:
         """One iteration; False when the worker has nothing to run."""
         self._apply_aborts(worker_id)
+        await self._land(worker_id)
         worker = self.workers[worker_id]
         start = self.clock()
         batch = self.cluster.plan(worker_id, start)
@@ -282,18 +299,44 @@ class Router:
         self.metrics.record_request("finished")
 
     async def _migrate(self, move: Migrate) -> None:
-        """Move a prefilled request's KV to the worker the cluster picked; it decodes there."""
+        """Stage a prefilled request's KV on its source and hand it to the target's driver, which
+        imports it at its next boundary; the staged copy lives until then."""
         req, source, target = move.request, move.source, move.target
         start = self.clock()
         try:
             async with self.clients[source].exported(req.id, req.prompt_len) as blob:
-                await self.clients[target].import_kv(req.id, blob, req.prompt_len)
+                done = asyncio.get_running_loop().create_future()
+                landing = Landing(move, blob, self.clock() - start, done)
+                self._landings[target].append(landing)
+                self._wakeups[target].set()
+                await landing.done
         except (WorkerDied, WorkerError) as exc:
             self._carry_out(self.cluster.migration_failed(req, source, target, f"KV migration failed: {exc}"))
-            return
-        req.migration_time = self.clock() - start
-        self.metrics.record_migration(req.migration_time, req.prompt_len)
-        self._carry_out(self.cluster.migrated(req, source, target))
+
+    async def _land(self, worker_id: int) -> None:
+        """Import the KV staged for this worker before planning its next iteration, so a migrated
+        request joins that iteration: a worker runs one command at a time, so an import sent while
+        it computes would run only after the next step had been planned without the request.
+        A migration's time is its export plus its import, not the wait for this boundary."""
+        landings, self._landings[worker_id] = self._landings[worker_id], []
+        for landing in landings:
+            req, source = landing.move.request, landing.move.source
+            begin = self.clock()
+            try:
+                await self.clients[worker_id].import_kv(req.id, landing.blob, req.prompt_len)
+            except (WorkerDied, WorkerError) as exc:
+                self._migration_failed(landing, f"KV migration failed: {exc}")
+            else:
+                req.migration_time = landing.exported_s + self.clock() - begin
+                self.metrics.record_migration(req.migration_time, req.prompt_len)
+                self._carry_out(self.cluster.migrated(req, source, worker_id))
+            finally:
+                landing.release()
+
+    def _migration_failed(self, landing: Landing, reason: str) -> None:
+        move = landing.move
+        self._carry_out(self.cluster.migration_failed(move.request, move.source, move.target, reason))
+        landing.release()
 
     def _fail_requests(self, rids: list[int], reason: str) -> None:
         """Between iterations: end ``rids`` with an internal error (500) and drop them from the
@@ -327,6 +370,9 @@ class Router:
         streamed nothing yet start over elsewhere (unless they asked not to), the rest end with a
         clear error."""
         lost, effects = self.cluster.worker_died(worker_id, self.clock())
+        landings, self._landings[worker_id] = self._landings[worker_id], []
+        for landing in landings:
+            self._migration_failed(landing, f"KV migration failed: worker {worker_id} died")
         for req in lost:
             handle = self.handles.get(req.id)
             if handle is not None and handle.completion_tokens == 0 and handle.submission.retry:

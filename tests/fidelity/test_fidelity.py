@@ -120,6 +120,7 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert run["adjustment"]["speed"]["decode_per_seq"] >= 0, "the twin runs at the speed the server logged"
     assert read_iterations(out / "logs" / "serve-tropical-1.iterations.jsonl")
     assert run["adjustment"]["frontend_s"] >= 0 and run["sim_goodput_rps"] > 0
+    assert set(run["sim_ttft_p90_s_at_drift"]) == {"0.98", "1.02"} and policy["ttft_p90_drift_width"] >= 0
     assert (out / "tropical" / "1" / "requests.jsonl").exists()
     assert "Path agreement" in (out / "fidelity.md").read_text()
     assert main(["fidelity", "--replay", str(out), "--json"]) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -64,3 +65,11 @@ def test_median_error_and_path_agreement_span_all_policies() -> None:
 def test_a_policy_needs_at_least_one_run() -> None:
     with pytest.raises(ValueError, match="no runs"):
         PolicyRepeats("tropical", ())
+
+
+def test_the_twins_drift_width_is_how_far_speed_alone_moves_their_p90_ttft() -> None:
+    steady, chaotic = run("chunked", 0.5, 0.5), run("chunked", 0.5, 0.5)
+    steady = replace(steady, drift_ttft_p90_s=(0.49, 0.51))
+    chaotic = replace(chaotic, drift_ttft_p90_s=(0.4, 0.65))
+    assert steady.drift_width == pytest.approx(0.04) and chaotic.drift_width == pytest.approx(0.5)
+    assert PolicyRepeats("chunked", (steady, chaotic)).drift_width() == pytest.approx(0.27)

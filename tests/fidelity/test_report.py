@@ -59,4 +59,5 @@ def test_report_states_the_median_error_and_path_agreement() -> None:
     text = report([repeats("chunked", [1.0, 1.2], 1.0)])
     assert "over 2 repeats" in text and "Path agreement: 20 of 20 requests (100.0%)" in text
     assert "Median absolute error over the 5 latency and attainment numbers: 0.0%" in text
-    assert "Repeat spread of P90 TTFT, (max - min) / mean: chunked 0.0%." in text
+    assert ("Repeat spread of P90 TTFT, (max - min) / mean, and in parentheses the twin's spread with "
+            "its speed times 0.98/1.02: chunked 0.0% (twin: 0.0%).") in text

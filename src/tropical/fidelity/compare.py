@@ -16,6 +16,9 @@ STREAM_METRICS = ("itl_p50_s", "itl_p99_s", "stall_share", "stream_attainment")
 """What users feel between tokens: reported real beside simulated, not in the error goals (a
 stall share of 0 has no relative error, and the twin prices each chunk, not each token); stream
 attainment also asks that no gap between two tokens exceed the TBT SLO."""
+DRIFT = (0.98, 1.02)
+"""Speeds, relative to a run's measured one, that bound how fast a repeat of it may run: the
+published study's per-worker speeds varied about this much between repeats."""
 
 
 def values(summary: Summary) -> dict[str, float]:
@@ -50,6 +53,14 @@ class Comparison:
     goodput_rps: float
     sim_goodput_rps: float
     paths: PathComparison
+    drift_ttft_p90_s: tuple[float, ...] = ()
+
+    @property
+    def drift_width(self) -> float:
+        """(max - min) / the twin's P90 TTFT over the twins at ``DRIFT`` speeds and the twin:
+        how far repeats of this run would scatter from speed alone, with no other noise."""
+        p90s = (*self.drift_ttft_p90_s, self.adjusted.ttft.p90)
+        return (max(p90s) - min(p90s)) / self.adjusted.ttft.p90 if self.adjusted.ttft.p90 else math.nan
 
     def as_dict(self) -> dict[str, object]:
         a = self.speeds
@@ -61,6 +72,7 @@ class Comparison:
                                "iteration_overhead_s": [s.overhead for s in a],
                                "frontend_s": self.frontend_s, "speed": _coefficients(a[0].base)},
                 "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
+                "sim_ttft_p90_s_at_drift": dict(zip(map(str, DRIFT), self.drift_ttft_p90_s, strict=False)),
                 "paths": self.paths.as_dict(), "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}
 

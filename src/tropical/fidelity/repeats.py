@@ -73,6 +73,11 @@ class PolicyRepeats:
         real, sim = self.real(), self.sim()
         return {m: relative_error(real[m].mean, sim[m]) for m in real}
 
+    def drift_width(self) -> float:
+        """The twins' P90 TTFT spread from speed alone (``Comparison.drift_width``), averaged
+        over the repeats."""
+        return _mean([c.drift_width for c in self.runs])
+
     def paths(self) -> PathComparison:
         return merge([c.paths for c in self.runs])
 
@@ -80,7 +85,7 @@ class PolicyRepeats:
         real, sim, err = self.real(), self.sim(), self.errors()
         return {"policy": self.policy, "repeats": len(self.runs),
                 "real": {m: s.as_dict() for m, s in real.items()}, "sim": _nulls(sim),
-                "relative_error": _nulls(err),
+                "relative_error": _nulls(err), "ttft_p90_drift_width": _nulls({"w": self.drift_width()})["w"],
                 "sim_within_spread": {m: real[m].contains(sim[m]) for m in real},
                 "paths": self.paths().as_dict(), "runs": [c.as_dict() for c in self.runs]}
 

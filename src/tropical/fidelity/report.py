@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from itertools import combinations
 
-from tropical.fidelity.compare import METRICS, STREAM_METRICS
+from tropical.fidelity.compare import DRIFT, METRICS, STREAM_METRICS
 from tropical.fidelity.paths import merge
 from tropical.fidelity.repeats import (
     GOODPUT,
@@ -114,9 +114,14 @@ def _toggle_ratio(toggle: PolicyRepeats, baselines: Sequence[PolicyRepeats], met
 
 def spread_line(policies: Sequence[PolicyRepeats]) -> str:
     """How far apart the repeats' P90 TTFT landed, (max - min) / mean per policy (the slice is
-    large enough when this stays under 10%)."""
-    widths = ", ".join(f"{p.policy} {_share(p.real()['ttft_p90_s'].relative_width)}" for p in policies)
-    return f"Repeat spread of P90 TTFT, (max - min) / mean: {widths}."
+    large enough when this stays under 10%), beside how far the twin's P90 TTFT moves when its
+    speed alone changes by ``DRIFT``: a wide live spread that the twin also shows comes from the
+    setting (a queue that a little speed moves a lot), not from too few requests."""
+    widths = ", ".join(f"{p.policy} {_share(p.real()['ttft_p90_s'].relative_width)} "
+                       f"(twin: {_share(p.drift_width())})" for p in policies)
+    drift = "/".join(f"{f:g}" for f in DRIFT)
+    return (f"Repeat spread of P90 TTFT, (max - min) / mean, and in parentheses the twin's spread "
+            f"with its speed times {drift}: {widths}.")
 
 
 def report(policies: Sequence[PolicyRepeats]) -> str:

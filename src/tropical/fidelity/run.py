@@ -13,10 +13,11 @@ from tropical.bench.record import Measurement
 from tropical.bench.run import BenchRun, run_bench
 from tropical.calibration.store import load_profile
 from tropical.core.gaps import GapHistogram
+from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import goodput, summarize
 from tropical.core.slo import SLO
-from tropical.fidelity.compare import Comparison
+from tropical.fidelity.compare import DRIFT, Comparison
 from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, scrape
 from tropical.fidelity.paths import compare_paths
 from tropical.fidelity.repeats import PolicyRepeats
@@ -95,7 +96,9 @@ class RecordedRun:
 def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: LatencyModel,
               speeds: Sequence[LatencyModel], frontend: float) -> Comparison:
     """The run against its twins: on the bare ``profile``, and at the run's measured ``speeds``
-    (one per worker) and ``frontend`` latency; both decide with ``profile``, as the server did."""
+    (one per worker) and ``frontend`` latency; both decide with ``profile``, as the server did.
+    The measured twin runs again at each ``DRIFT`` of its speeds, for the P90 TTFT that a
+    repeat's speed alone would move."""
     real = [m.to_request(run.slo) for m in run.measured]
     gaps = GapHistogram()
     for m in run.measured:
@@ -103,9 +106,11 @@ def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: Latenc
             gaps.add(gap)
     bare = simulate_twin(run.planned, run.slo, policy, shape, profile)
     modeled = simulate_twin(run.planned, run.slo, policy, shape, speeds, frontend, profile)
+    drift = tuple(simulate_twin(run.planned, run.slo, policy, shape, [AdjustedModel(s, f) for s in speeds],
+                                frontend, profile).summary().ttft.p90 for f in DRIFT)
     return Comparison(policy, summarize(real, gaps), bare.summary(), modeled.summary(), tuple(speeds),
                       frontend, goodput(real), goodput(modeled.requests),
-                      compare_paths(run.measured, modeled.requests))
+                      compare_paths(run.measured, modeled.requests), drift)
 
 
 def run_study(cfg: FidelityConfig, logs: Path, progress: Callable[[str], None] = lambda _: None,

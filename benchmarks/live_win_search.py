@@ -28,13 +28,13 @@ from tropical.bench.run import workload
 from tropical.calibration.store import load_profile
 from tropical.core.latency.adjusted import AdjustedModel
 from tropical.core.metrics import goodput, span, stream_attains
+from tropical.fidelity.compare import DRIFT
 from tropical.fidelity.report import BASELINES, TOGGLE
 from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
 
 POLICIES = (*BASELINES, "tropical", TOGGLE)
 NEIGHBOURS = ((0.8, 1.0), (1.25, 1.0), (1.0, 1.25))  # (rate factor, compute factor)
-DRIFT = (0.98, 1.02)  # a repeat's speed: the study's per-worker scales varied this much between repeats
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,9 @@ class ToggleParams:
 
 
 _BAND = math.log(1.01)
+_AtRisk = tuple[Request, WorkerState, float]
+"""A queued request whose TTFT is at risk, the prefill worker it waits on, and its predicted
+Path 1 finish there."""
 _CHUNKS_KEPT = 4096
 
 
@@ -139,23 +142,21 @@ class TropicalPolicy(Policy):
         needs KV) at least as much.
         """
         prefill, multiplex = _split(workers)
-        at_risk = self._queued_at_risk(prefill, now)
+        hopeful, hopeless = self._queued_at_risk(prefill, now)
+        at_risk = len(hopeful) + len(hopeless)
         self._checks, self._round, self._queued, self._queues = {}, {}, {}, {}
         self._forget_chunks()
-        hopeless, hopeful = [], []
-        for item in at_risk:
-            (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
-        if not self.toggle.chunked:
-            hopeful += [item for item in hopeless if not self.toggle.demote_doomed]
+        if not self.toggle.chunked and not self.toggle.demote_doomed:
+            hopeful = hopeful + hopeless
         moves = self._multiplex_at_risk(hopeful, multiplex, now)
         if self.toggle.flex:
-            self._roles.update(workers, now, len(moves) < len(at_risk),
+            self._roles.update(workers, now, len(moves) < at_risk,
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
         return moves + [
             self._demoted(req, source) for req, source, _ in hopeless
             if self.toggle.demote_doomed and req.id not in self._demoted_ids]
 
-    def _multiplex_at_risk(self, at_risk: list[tuple[Request, WorkerState, float]],
+    def _multiplex_at_risk(self, at_risk: list[_AtRisk],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
@@ -177,12 +178,6 @@ class TropicalPolicy(Policy):
         Chunked multiplexing also asks that it meet the TTFT SLO: a multiplexing worker's slack
         is spent only on prompts it can still save."""
         return done < path1_finish and (not self.toggle.chunked or done - req.arrival <= req.slo.ttft)
-
-    @staticmethod
-    def _doomed(req: Request, source: WorkerState, now: float) -> bool:
-        """Would ``req`` miss its TTFT even if its prefill started right now, alone? Then no
-        path saves it: chunked multiplexing does not try, and demotion lets it yield."""
-        return now + source.prefill_cost(req) - req.arrival > req.slo.ttft
 
     def _demoted(self, req: Request, source: WorkerState) -> Assignment:
         """Send a hopeless request to the back of its queue so that others can still attain."""
@@ -238,21 +233,25 @@ class TropicalPolicy(Policy):
         finish, _, worker = min(options)
         return worker, finish
 
-    def _queued_at_risk(self, prefill: list[WorkerState],
-                        now: float) -> list[tuple[Request, WorkerState, float]]:
-        """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO.
+    def _queued_at_risk(self, prefill: list[WorkerState], now: float) -> tuple[list[_AtRisk], list[_AtRisk]]:
+        """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO: those
+        a path may still save, and those that are doomed (they would miss their TTFT even if
+        their prefill started right now, alone, so no path saves them: chunked multiplexing
+        does not try, and demotion lets them yield).
 
         Only the first ``lookahead`` of each queue are examined: deeper ones get their turn as
         the queue drains, and the scan stays cheap under overload.
         """
-        risky = []
+        hopeful: list[_AtRisk] = []
+        hopeless: list[_AtRisk] = []
         for worker in prefill:
             clock = max(now, worker.busy_until)
-            for req in worker.queued(self.toggle.lookahead):
-                clock += worker.prefill_cost(req)
+            for req, cost in worker.queued_costs(self.toggle.lookahead):
+                clock += cost
                 if clock - req.arrival > req.slo.ttft:
-                    risky.append((req, worker, clock))
-        return risky
+                    doomed = now + cost - req.arrival > req.slo.ttft
+                    (hopeless if doomed else hopeful).append((req, worker, clock))
+        return hopeful, hopeless
 
     @staticmethod
     def _multiplexed(req: Request, worker: WorkerState, path1_finish: float, finish: float,

@@ -93,6 +93,13 @@ class WorkerState:
         stop = None if limit is None else self.batch_prefills + limit
         return list(islice(self.waiting, self.batch_prefills, stop))
 
+    def queued_costs(self, limit: int) -> list[tuple[Request, float]]:
+        """The first ``limit`` queued requests with their ``prefill_cost``, in one pass (the
+        toggle scans them at every iteration end)."""
+        cost = self.prefill_cost
+        return [(req, cost(req)) for req in islice(self.waiting, self.batch_prefills,
+                                                   self.batch_prefills + limit)]
+
     def prefill_cost(self, req: Request) -> float:
         """Predicted time of ``req``'s remaining prompt here, cached until its progress changes."""
         cached = self._costs.get(req.id)

@@ -315,7 +315,7 @@ class TropicalPolicy(Policy):
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
         if band is not None:
             limit = math.exp(band * _BAND)
-        decode = nxt.shape([])
+        decode = BatchShape.decode(len(nxt.decodes), nxt.decode_context)
         key = (worker.id, band, decode.decode_count, decode.decode_context)
         if key not in self._chunks:
             self._chunks[key] = Chunk.of(worker, decode, limit)

@@ -25,6 +25,7 @@ from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
+from tropical.sched.risk import QueueRisk, doomed
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget
@@ -92,6 +93,7 @@ class TropicalPolicy(Policy):
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._demoted_ids: set[int] = set()
+        self._risks: dict[int, QueueRisk] = {}
         self._roles = RoleSwitch()
 
     @property
@@ -142,8 +144,7 @@ class TropicalPolicy(Policy):
         needs KV) at least as much.
         """
         prefill, multiplex = _split(workers)
-        hopeful, hopeless = self._queued_at_risk(prefill, now)
-        at_risk = len(hopeful) + len(hopeless)
+        hopeful, hopeless, at_risk = self._queued_at_risk(prefill, now)
         self._checks, self._round, self._queued, self._queues = {}, {}, {}, {}
         self._forget_chunks()
         if not self.toggle.chunked and not self.toggle.demote_doomed:
@@ -233,25 +234,41 @@ class TropicalPolicy(Policy):
         finish, _, worker = min(options)
         return worker, finish
 
-    def _queued_at_risk(self, prefill: list[WorkerState], now: float) -> tuple[list[_AtRisk], list[_AtRisk]]:
+    def _queued_at_risk(self, prefill: list[WorkerState],
+                        now: float) -> tuple[list[_AtRisk], list[_AtRisk], int]:
         """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO: those
-        a path may still save, and those that are doomed (they would miss their TTFT even if
-        their prefill started right now, alone, so no path saves them: chunked multiplexing
-        does not try, and demotion lets them yield).
+        a path may still save, those that are doomed (they would miss their TTFT even if their
+        prefill started right now, alone, so no path saves them: chunked multiplexing does not
+        try, and demotion lets them yield), and how many are at risk in all. Where the doomed
+        are only counted (chunked multiplexing without demotion), a queue with none to save is
+        passed over without a scan (see risk.py).
 
         Only the first ``lookahead`` of each queue are examined: deeper ones get their turn as
         the queue drains, and the scan stays cheap under overload.
         """
         hopeful: list[_AtRisk] = []
         hopeless: list[_AtRisk] = []
+        passed = 0
+        count_only = self.toggle.chunked and not self.toggle.demote_doomed
         for worker in prefill:
-            clock = max(now, worker.busy_until)
-            for req, cost in worker.queued_costs(self.toggle.lookahead):
+            start = max(now, worker.busy_until)
+            priced = worker.queued_costs(self.toggle.lookahead)
+            if count_only and (risk := self._risk_of(worker, priced)).none_to_save(start, now):
+                passed += risk.doomed_count
+                continue
+            clock = start
+            for req, cost in priced:
                 clock += cost
                 if clock - req.arrival > req.slo.ttft:
-                    doomed = now + cost - req.arrival > req.slo.ttft
-                    (hopeless if doomed else hopeful).append((req, worker, clock))
-        return hopeful, hopeless
+                    (hopeless if doomed(req, cost, now) else hopeful).append((req, worker, clock))
+        return hopeful, hopeless, len(hopeful) + len(hopeless) + passed
+
+    def _risk_of(self, worker: WorkerState, priced: tuple[tuple[Request, float], ...]) -> QueueRisk:
+        """The risk view of ``worker``'s queue, kept while its queue stays as priced."""
+        risk = self._risks.get(worker.id)
+        if risk is None or risk.priced is not priced:
+            risk = self._risks[worker.id] = QueueRisk.of(priced)
+        return risk
 
     @staticmethod
     def _multiplexed(req: Request, worker: WorkerState, path1_finish: float, finish: float,

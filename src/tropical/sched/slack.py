@@ -25,10 +25,11 @@ class SlackRule(str, Enum):
     BANKED = "banked"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decoding:
     """A request that decodes in the iteration being planned: its SLO, its tokens by the
-    iteration's start, and when its first token came."""
+    iteration's start, and when its first token came. (Not frozen: the toggle builds one per
+    decoding request per plan, and a frozen one costs three times as much to build.)"""
 
     request: Request
     generated: int

@@ -19,7 +19,7 @@ from tropical.core.latency.model import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
-from tropical.sched.chunk import Chunk, keeps_promises, place
+from tropical.sched.chunk import Chunk, Lineup
 from tropical.sched.dispatch import decode_destination, fewest_unfinished
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
@@ -92,6 +92,7 @@ class TropicalPolicy(Policy):
         self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
+        self._lineups: dict[int, Lineup] = {}
         self._demoted_ids: set[int] = set()
         self._risks: dict[int, QueueRisk] = {}
         self._roles = RoleSwitch()
@@ -115,7 +116,7 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round, self._queued, self._queues = {}, {}, {}
+        self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}
         self._forget_chunks()
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
@@ -145,7 +146,7 @@ class TropicalPolicy(Policy):
         """
         prefill, multiplex = _split(workers)
         hopeful, hopeless, at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round, self._queued, self._queues = {}, {}, {}, {}
+        self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
         if not self.toggle.chunked and not self.toggle.demote_doomed:
             hopeful = hopeful + hopeless
@@ -171,6 +172,7 @@ class TropicalPolicy(Policy):
             if self._worth(req, done, finish):
                 plans[target.id] = (plans.get(target.id) or self._queued_of(target, now)).plus(req, target)
                 self._queue_of(target, now).append(req)
+                self._lineups.pop(target.id, None)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
         return moves
 
@@ -319,11 +321,11 @@ class TropicalPolicy(Policy):
         chunk = self._chunk_of(worker, nxt, limit)
         if chunk.tokens == 0:
             return None
-        ahead, behind = place(worker, self._queue_of(worker, now), req, self.toggle.laxity)
-        before = Pending.of(worker, ahead, nxt.carried)
-        if not keeps_promises(worker, chunk, nxt.start, before, req, behind):
+        lineup = self._lineup_of(worker, now)
+        ahead = lineup.place(req)
+        if not lineup.keeps_promises(chunk, nxt.start, req, ahead):
             return None
-        return chunk.finish(worker, before.plus(req, worker), nxt.start)
+        return chunk.finish(worker, lineup.prefixes[ahead].plus(req, worker), nxt.start)
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
@@ -355,6 +357,14 @@ class TropicalPolicy(Policy):
         if worker.id not in self._queues:
             self._queues[worker.id] = list(self._next_of(worker, now).queued)
         return self._queues[worker.id]
+
+    def _lineup_of(self, worker: WorkerState, now: float) -> Lineup:
+        """The prompts queued on and promised to ``worker`` in this scheduling round, lined up
+        for placing a candidate among them (kept until a promise changes them)."""
+        if worker.id not in self._lineups:
+            self._lineups[worker.id] = Lineup.of(worker, self._queue_of(worker, now),
+                                                 self._next_of(worker, now).carried, self.toggle.laxity)
+        return self._lineups[worker.id]
 
     def _queued_of(self, worker: WorkerState, now: float) -> Pending:
         """The prompts queued on ``worker`` (not yet running), once per scheduling round."""

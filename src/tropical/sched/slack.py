@@ -49,8 +49,12 @@ class TpotBudget:
     def of(cls, decodes: Iterable[Decoding]) -> TpotBudget:
         min_tpot = deadline = math.inf
         for d in decodes:
-            min_tpot = min(min_tpot, d.request.slo.tpot)
-            deadline = min(deadline, d.first_token + d.generated * d.request.slo.tpot)
+            tpot = d.request.slo.tpot
+            end = d.first_token + d.generated * tpot
+            if tpot < min_tpot:
+                min_tpot = tpot
+            if end < deadline:
+                deadline = end
         return cls(min_tpot, deadline)
 
     def fits(self, iteration: float, start: float, rule: SlackRule) -> bool:

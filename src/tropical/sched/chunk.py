@@ -36,8 +36,13 @@ class Chunk:
     @classmethod
     def of(cls, worker: WorkerState, decode: BatchShape, limit: float) -> Chunk:
         """The largest chunk beside ``decode`` within ``limit`` seconds (zero tokens if none)."""
+        priced: dict[int, float] = {}
+
         def time_of(n: int) -> float:
-            return worker.latency.iteration_time(decode.plus_prefill(n, 0))
+            """Priced once per size: the search has priced the chunk and a one-token chunk."""
+            if n not in priced:
+                priced[n] = worker.latency.iteration_time(decode.plus_prefill(n, 0))
+            return priced[n]
 
         tokens = largest_chunk(worker.rules.token_budget - decode.decode_count, time_of, limit)
         if tokens == 0:

@@ -70,12 +70,15 @@ def largest_chunk(most: int, time_of: Callable[[int], float], limit: float) -> i
     """The most prompt tokens, up to ``most``, whose iteration takes at most ``limit`` (0 if
     none). Iteration time grows with the chunk, nearly linearly, so each round guesses by
     interpolation and checks the neighbour across the line: a few predictions, not log(most)."""
-    if most < 1 or time_of(1) > limit:
+    if most < 1:
+        return 0
+    t_lo = time_of(1)
+    if t_lo > limit:
         return 0
     t_hi = time_of(most)
     if t_hi <= limit:
         return most
-    lo, hi, t_lo = 1, most, time_of(1)
+    lo, hi = 1, most
     while hi - lo > 1:
         guess = lo + int((limit - t_lo) / (t_hi - t_lo) * (hi - lo)) if t_hi > t_lo else lo + 1
         mid = min(hi - 1, max(lo + 1, guess))

@@ -162,6 +162,11 @@ class WorkerState:
             slot -= 1
         return slot
 
+    @property
+    def learns(self) -> bool:
+        """Does its predictor learn online (so that ``learn`` is worth a batch shape)?"""
+        return isinstance(self.latency, OnlineLatency)
+
     def learn(self, shape: BatchShape, seconds: float, times: int = 1) -> None:
         """An iteration over ``shape`` took ``seconds`` (``times`` alike ones did): a predictor
         that learns online takes it in (prompt costs priced earlier keep their price until the

@@ -1,4 +1,4 @@
-"""Chunked multiplexing's predictions: queue placement under laxity order and kept promises."""
+"""Chunked multiplexing's predictions: a lineup's placement under laxity order and kept promises."""
 
 from dataclasses import replace
 
@@ -6,7 +6,7 @@ from tests.factories import linear_model, make_request, make_worker
 from tests.sched.test_tropical import REPLICA
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath
-from tropical.sched.chunk import Chunk, keeps_promises, place
+from tropical.sched.chunk import Chunk, Lineup
 from tropical.sched.pending import Pending
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import BatchRules, Role
@@ -20,17 +20,26 @@ RULES = BatchRules(prefill_first=False, chunked=True, token_budget=4096)
 def test_in_arrival_order_a_prompt_waits_for_the_whole_queue():
     worker = make_worker(Role.MULTIPLEX, RULES)
     queue = [make_request(0, prompt=8000, ttft=20.0), make_request(1, prompt=4000, ttft=20.0)]
-    assert place(worker, queue, make_request(2, prompt=100, ttft=0.1), laxity=False) == (queue, [])
+    lineup = Lineup.of(worker, queue, (), laxity=False)
+    assert lineup.order == queue and lineup.place(make_request(2, prompt=100, ttft=0.1)) == 2
 
 
 def test_by_laxity_an_urgent_prompt_goes_ahead_of_those_with_more_slack():
     worker = make_worker(Role.MULTIPLEX, RULES)
     urgent = make_request(0, prompt=500, ttft=0.5)
     relaxed, later = make_request(1, prompt=8000, ttft=30.0), make_request(2, prompt=8000, ttft=20.0)
-    arriving = make_request(3, prompt=300, ttft=1.0)
-    ahead, behind = place(worker, [urgent, relaxed, later], arriving, laxity=True)
-    assert ahead == [urgent]
-    assert behind == [later, relaxed]                     # least slack first
+    lineup = Lineup.of(worker, [urgent, relaxed, later], (), laxity=True)
+    ahead = lineup.place(make_request(3, prompt=300, ttft=1.0))
+    assert lineup.order[:ahead] == [urgent]
+    assert lineup.order[ahead:] == [later, relaxed]       # least slack first
+
+
+def test_a_lineup_sums_each_prefix_after_the_prompts_carried_over():
+    worker = make_worker(Role.MULTIPLEX, RULES)
+    carried, queued = make_request(0, prompt=3000), [make_request(1, prompt=700), make_request(2, prompt=900)]
+    lineup = Lineup.of(worker, queued, [(carried, 1000)], laxity=False)
+    assert [p.tokens for p in lineup.prefixes] == [1000, 1700, 2600]
+    assert lineup.prefixes[2] == Pending.of(worker, queued, [(carried, 1000)])
 
 
 def test_going_ahead_is_refused_only_where_it_costs_a_prompt_its_ttft():
@@ -41,7 +50,8 @@ def test_going_ahead_is_refused_only_where_it_costs_a_prompt_its_ttft():
     cutter = make_request(1, prompt=2000)
     for slo, kept in ((alone + 0.01, False), (alone * 3, True), (alone - 0.01, True)):
         behind.slo = replace(behind.slo, ttft=slo)
-        assert keeps_promises(worker, chunk, 0.0, Pending(), cutter, [behind]) is kept
+        lineup = Lineup.of(worker, [behind], (), laxity=True)
+        assert lineup.keeps_promises(chunk, 0.0, cutter, ahead=0) is kept
 
 
 def test_an_urgent_prompt_overtakes_a_long_multiplexed_one_and_both_meet_their_ttft():

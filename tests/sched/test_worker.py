@@ -158,3 +158,39 @@ def test_laxity_queues_least_ttft_slack_first_but_never_ahead_of_the_running_bat
         worker.enqueue(req)
     worker.enqueue(make_request(3, arrival=0.3, ttft=1.0))
     assert [r.id for r in worker.waiting] == [0, 1, 3, 2]
+
+
+def test_queued_costs_follow_every_change_of_the_queue():
+    from tropical.sched.batching import form_batch
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, token_budget=150))
+    reqs = [make_request(i, prompt=100 * (i + 1)) for i in range(4)]
+
+    def priced() -> list[tuple[int, float]]:
+        return [(req.id, cost) for req, cost in worker.queued_costs(2)]
+
+    for req in reqs[:3]:
+        worker.enqueue(req)
+    assert priced() == [(r.id, worker.prefill_cost(r)) for r in reqs[:2]]
+    form_batch(worker)                                          # reqs[0] starts: no longer queued
+    assert [rid for rid, _ in priced()] == [1, 2]
+    worker.abort(reqs[1])
+    assert [rid for rid, _ in priced()] == [2]
+    worker.enqueue(reqs[3])
+    assert [rid for rid, _ in priced()] == [2, 3]
+
+
+
+def test_queued_costs_reprice_a_prompt_once_a_chunk_of_it_ran():
+    from tropical.sched.batching import form_batch
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.COLOCATED, rules=BatchRules(chunked=True, token_budget=150))
+    req = make_request(0, prompt=300)
+    worker.enqueue(req)
+    form_batch(worker)
+    assert worker.queued_costs(4) == ()                         # its first chunk runs
+    worker.complete_prefill(req, 150, now=1.0)
+    assert worker.queued_costs(4) == ((req, worker.prefill_cost(req)),)
+    assert worker.prefill_cost(req) < worker.prefill_cost(make_request(1, prompt=300))

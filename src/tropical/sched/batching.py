@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
-from tropical.sched.slack import Decoding, TpotBudget, largest_chunk
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget, largest_chunk
 from tropical.sched.worker import WorkerState
 
 
@@ -67,13 +67,9 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
     under chunked rules, cut that prompt to the largest chunk that still fits instead, and
     count requests about to decode here among those the iteration must not hold up."""
     rule = worker.rules.tpot_guard
-    decoding = [Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values()]
-    if worker.rules.chunked:
-        decoding += _prospective(worker, batch, now)
-    if rule is None or not decoding:
+    limit = None if rule is None else _tpot_limit(worker, batch, now, rule)
+    if limit is None:
         return batch
-    budget = TpotBudget.of(decoding)
-    limit = budget.limit(now, rule)
     shape = BatchShape.decode(batch.decode_count, batch.decode_context)
     for i, (req, new, cached) in enumerate(batch.prefills):
         stretched = shape.plus_prefill(new, cached)
@@ -91,6 +87,20 @@ def _chunk(worker: WorkerState, shape: BatchShape, new: int, cached: int, limit:
         return worker.latency.iteration_time(shape.plus_prefill(n, cached))
 
     return largest_chunk(new - 1, time_of, limit)
+
+
+def _tpot_limit(worker: WorkerState, batch: Batch, now: float, rule: SlackRule) -> float | None:
+    """The longest the iteration may take under ``rule`` (None: nobody waits on it). The
+    per-iteration rule needs only the tightest SLO, not each request's progress."""
+    if rule is SlackRule.ITERATION:
+        tpots = [r.slo.tpot for r in worker.running.values()]
+        if worker.rules.chunked:
+            tpots += [d.request.slo.tpot for d in _prospective(worker, batch, now)]
+        return min(tpots, default=None)
+    decoding = [Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values()]
+    if worker.rules.chunked:
+        decoding += _prospective(worker, batch, now)
+    return TpotBudget.of(decoding).limit(now, rule) if decoding else None
 
 
 def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding]:

@@ -11,8 +11,9 @@ TTFT slack, which then finish later: the toggle checks that none it could still 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
@@ -35,8 +36,13 @@ class Chunk:
     @classmethod
     def of(cls, worker: WorkerState, decode: BatchShape, limit: float) -> Chunk:
         """The largest chunk beside ``decode`` within ``limit`` seconds (zero tokens if none)."""
+        priced: dict[int, float] = {}
+
         def time_of(n: int) -> float:
-            return worker.latency.iteration_time(decode.plus_prefill(n, 0))
+            """Priced once per size: the search has priced the chunk and a one-token chunk."""
+            if n not in priced:
+                priced[n] = worker.latency.iteration_time(decode.plus_prefill(n, 0))
+            return priced[n]
 
         tokens = largest_chunk(worker.rules.token_budget - decode.decode_count, time_of, limit)
         if tokens == 0:
@@ -55,28 +61,53 @@ class Chunk:
         return start + steps * self.iteration - max(0.0, steps * self.room - work)
 
 
-def place(worker: WorkerState, queue: Sequence[Request], req: Request,
-          laxity: bool) -> tuple[list[Request], list[Request]]:
-    """The prompts of ``queue`` that ``req`` would wait for, and those it would go ahead of
-    (least slack first under laxity order, at the back otherwise), each in queue order."""
-    if not laxity:
-        return list(queue), []
-    key = worker.latest_start(req)
-    ahead, behind = [], []
-    for other in queue:
-        (ahead if worker.latest_start(other) <= key else behind).append(other)
-    behind.sort(key=worker.latest_start)
-    return ahead, behind
+@dataclass(slots=True)
+class Lineup:
+    """A multiplexing worker's queue as one scheduling round sees it: its prompts in the order
+    a new prompt is placed among them (least slack first under laxity, else as queued), the
+    sums of every prefix (after the prompts chunked in the iteration in flight), and, per chunk
+    and start, when each prefix would be done. Every candidate of a round is placed in the
+    same lineup, so these are computed once, not once per candidate."""
 
+    worker: WorkerState
+    order: list[Request]
+    keys: list[float]
+    prefixes: list[Pending]
+    laxity: bool
+    _done: dict[tuple[Chunk, float], list[float | None]] = field(default_factory=dict)
 
-def keeps_promises(worker: WorkerState, chunk: Chunk, start: float, before: Pending,
-                   req: Request, behind: Sequence[Request]) -> bool:
-    """Would every prompt of ``behind`` that meets its TTFT SLO after the prompts of ``before``
-    still meet it with ``req`` run ahead of it?"""
-    after = before.plus(req, worker)
-    for other in behind:
-        before, after = before.plus(other, worker), after.plus(other, worker)
-        deadline = other.arrival + other.slo.ttft
-        if chunk.finish(worker, after, start) > deadline >= chunk.finish(worker, before, start):
-            return False
-    return True
+    @classmethod
+    def of(cls, worker: WorkerState, queue: Sequence[Request], carried: Sequence[tuple[Request, int]],
+           laxity: bool) -> Lineup:
+        order = sorted(queue, key=worker.latest_start) if laxity else list(queue)
+        prefixes = [Pending.of(worker, (), carried)]
+        for req in order:
+            prefixes.append(prefixes[-1].plus(req, worker))
+        keys = [worker.latest_start(req) for req in order] if laxity else []
+        return cls(worker, order, keys, prefixes, laxity)
+
+    def place(self, req: Request) -> int:
+        """How many prompts of the lineup ``req`` waits for: all under arrival order; under
+        laxity those with less or equal slack (it goes ahead of the rest)."""
+        if not self.laxity:
+            return len(self.order)
+        return bisect_right(self.keys, self.worker.latest_start(req))
+
+    def keeps_promises(self, chunk: Chunk, start: float, req: Request, ahead: int) -> bool:
+        """Would every prompt behind ``req`` (placed after ``ahead`` prompts) that meets its
+        TTFT SLO without ``req`` still meet it with ``req`` run ahead of it?"""
+        after = self.prefixes[ahead].plus(req, self.worker)
+        for j in range(ahead, len(self.order)):
+            other = self.order[j]
+            after = after.plus(other, self.worker)
+            deadline = other.arrival + other.slo.ttft
+            if chunk.finish(self.worker, after, start) > deadline >= self._done_at(chunk, start, j + 1):
+                return False
+        return True
+
+    def _done_at(self, chunk: Chunk, start: float, count: int) -> float:
+        """When the first ``count`` prompts of the lineup would be done, fed in ``chunk``s."""
+        done = self._done.setdefault((chunk, start), [None] * len(self.prefixes))
+        if done[count] is None:
+            done[count] = chunk.finish(self.worker, self.prefixes[count], start)
+        return done[count]

@@ -165,7 +165,7 @@ class Cluster:
         worker = self.workers[worker_id]
         worker.busy_until = now
         started = self._started.pop(worker_id, None)
-        if started is not None:
+        if started is not None and worker.learns:
             worker.learn(batch.shape, first if steps > 1 else now - started, steps)
         finished = ([(r, "length") for r in worker.advance_decodes(steps, now, first, growth)]
                     if batch.decode_count else [])

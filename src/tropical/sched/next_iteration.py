@@ -37,8 +37,8 @@ class NextIteration:
     def of(cls, worker: WorkerState, now: float) -> NextIteration:
         busy = worker.busy_until > now
         start = worker.busy_until if busy else now
-        ahead = int(busy)
-        decodes = [Decoding(r, worker.generated(r) + ahead, r.first_token) for r in worker.running.values()]
+        steps = worker.steps + int(busy)  # each running request's tokens once the iteration ends
+        decodes = [Decoding(r, steps - r.step_base, r.first_token) for r in worker.running.values()]
         decodes += [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
         carried = []
         for r in worker.in_flight() if busy else ():
@@ -47,8 +47,10 @@ class NextIteration:
                 carried.append((r, left))
             else:
                 decodes.append(Decoding(r, 1, start))
-        context = sum(d.request.prompt_len + d.generated for d in decodes)
-        peak = sum(d.request.kv_tokens for d in decodes)
+        context = peak = 0
+        for d in decodes:
+            context += d.request.prompt_len + d.generated
+            peak += d.request.kv_tokens
         return cls(start, busy, tuple(decodes), context, tuple(worker.queued()), TpotBudget.of(decodes),
                    peak, tuple(carried))
 

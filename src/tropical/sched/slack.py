@@ -25,10 +25,11 @@ class SlackRule(str, Enum):
     BANKED = "banked"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decoding:
     """A request that decodes in the iteration being planned: its SLO, its tokens by the
-    iteration's start, and when its first token came."""
+    iteration's start, and when its first token came. (Not frozen: the toggle builds one per
+    decoding request per plan, and a frozen one costs three times as much to build.)"""
 
     request: Request
     generated: int
@@ -48,8 +49,12 @@ class TpotBudget:
     def of(cls, decodes: Iterable[Decoding]) -> TpotBudget:
         min_tpot = deadline = math.inf
         for d in decodes:
-            min_tpot = min(min_tpot, d.request.slo.tpot)
-            deadline = min(deadline, d.first_token + d.generated * d.request.slo.tpot)
+            tpot = d.request.slo.tpot
+            end = d.first_token + d.generated * tpot
+            if tpot < min_tpot:
+                min_tpot = tpot
+            if end < deadline:
+                deadline = end
         return cls(min_tpot, deadline)
 
     def fits(self, iteration: float, start: float, rule: SlackRule) -> bool:
@@ -65,12 +70,15 @@ def largest_chunk(most: int, time_of: Callable[[int], float], limit: float) -> i
     """The most prompt tokens, up to ``most``, whose iteration takes at most ``limit`` (0 if
     none). Iteration time grows with the chunk, nearly linearly, so each round guesses by
     interpolation and checks the neighbour across the line: a few predictions, not log(most)."""
-    if most < 1 or time_of(1) > limit:
+    if most < 1:
+        return 0
+    t_lo = time_of(1)
+    if t_lo > limit:
         return 0
     t_hi = time_of(most)
     if t_hi <= limit:
         return most
-    lo, hi, t_lo = 1, most, time_of(1)
+    lo, hi = 1, most
     while hi - lo > 1:
         guess = lo + int((limit - t_lo) / (t_hi - t_lo) * (hi - lo)) if t_hi > t_lo else lo + 1
         mid = min(hi - 1, max(lo + 1, guess))

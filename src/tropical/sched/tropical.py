@@ -19,12 +19,13 @@ from tropical.core.latency.model import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
-from tropical.sched.chunk import Chunk, keeps_promises, place
+from tropical.sched.chunk import Chunk, Lineup
 from tropical.sched.dispatch import decode_destination, fewest_unfinished
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
+from tropical.sched.risk import QueueRisk, doomed
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget
@@ -62,6 +63,9 @@ class ToggleParams:
 
 
 _BAND = math.log(1.01)
+_AtRisk = tuple[Request, WorkerState, float]
+"""A queued request whose TTFT is at risk, the prefill worker it waits on, and its predicted
+Path 1 finish there."""
 _CHUNKS_KEPT = 4096
 
 
@@ -88,7 +92,9 @@ class TropicalPolicy(Policy):
         self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
+        self._lineups: dict[int, Lineup] = {}
         self._demoted_ids: set[int] = set()
+        self._risks: dict[int, QueueRisk] = {}
         self._roles = RoleSwitch()
 
     @property
@@ -110,7 +116,7 @@ class TropicalPolicy(Policy):
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)
-        self._round, self._queued, self._queues = {}, {}, {}
+        self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}
         self._forget_chunks()
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
@@ -139,23 +145,20 @@ class TropicalPolicy(Policy):
         needs KV) at least as much.
         """
         prefill, multiplex = _split(workers)
-        at_risk = self._queued_at_risk(prefill, now)
-        self._checks, self._round, self._queued, self._queues = {}, {}, {}, {}
+        hopeful, hopeless, at_risk = self._queued_at_risk(prefill, now)
+        self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
-        hopeless, hopeful = [], []
-        for item in at_risk:
-            (hopeless if self._doomed(item[0], item[1], now) else hopeful).append(item)
-        if not self.toggle.chunked:
-            hopeful += [item for item in hopeless if not self.toggle.demote_doomed]
+        if not self.toggle.chunked and not self.toggle.demote_doomed:
+            hopeful = hopeful + hopeless
         moves = self._multiplex_at_risk(hopeful, multiplex, now)
         if self.toggle.flex:
-            self._roles.update(workers, now, len(moves) < len(at_risk),
+            self._roles.update(workers, now, len(moves) < at_risk,
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
         return moves + [
             self._demoted(req, source) for req, source, _ in hopeless
             if self.toggle.demote_doomed and req.id not in self._demoted_ids]
 
-    def _multiplex_at_risk(self, at_risk: list[tuple[Request, WorkerState, float]],
+    def _multiplex_at_risk(self, at_risk: list[_AtRisk],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
@@ -169,6 +172,7 @@ class TropicalPolicy(Policy):
             if self._worth(req, done, finish):
                 plans[target.id] = (plans.get(target.id) or self._queued_of(target, now)).plus(req, target)
                 self._queue_of(target, now).append(req)
+                self._lineups.pop(target.id, None)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
         return moves
 
@@ -177,12 +181,6 @@ class TropicalPolicy(Policy):
         Chunked multiplexing also asks that it meet the TTFT SLO: a multiplexing worker's slack
         is spent only on prompts it can still save."""
         return done < path1_finish and (not self.toggle.chunked or done - req.arrival <= req.slo.ttft)
-
-    @staticmethod
-    def _doomed(req: Request, source: WorkerState, now: float) -> bool:
-        """Would ``req`` miss its TTFT even if its prefill started right now, alone? Then no
-        path saves it: chunked multiplexing does not try, and demotion lets it yield."""
-        return now + source.prefill_cost(req) - req.arrival > req.slo.ttft
 
     def _demoted(self, req: Request, source: WorkerState) -> Assignment:
         """Send a hopeless request to the back of its queue so that others can still attain."""
@@ -239,20 +237,40 @@ class TropicalPolicy(Policy):
         return worker, finish
 
     def _queued_at_risk(self, prefill: list[WorkerState],
-                        now: float) -> list[tuple[Request, WorkerState, float]]:
-        """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO.
+                        now: float) -> tuple[list[_AtRisk], list[_AtRisk], int]:
+        """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO: those
+        a path may still save, those that are doomed (they would miss their TTFT even if their
+        prefill started right now, alone, so no path saves them: chunked multiplexing does not
+        try, and demotion lets them yield), and how many are at risk in all. Where the doomed
+        are only counted (chunked multiplexing without demotion), a queue with none to save is
+        passed over without a scan (see risk.py).
 
         Only the first ``lookahead`` of each queue are examined: deeper ones get their turn as
         the queue drains, and the scan stays cheap under overload.
         """
-        risky = []
+        hopeful: list[_AtRisk] = []
+        hopeless: list[_AtRisk] = []
+        passed = 0
+        count_only = self.toggle.chunked and not self.toggle.demote_doomed
         for worker in prefill:
-            clock = max(now, worker.busy_until)
-            for req in worker.queued(self.toggle.lookahead):
-                clock += worker.prefill_cost(req)
+            start = max(now, worker.busy_until)
+            priced = worker.queued_costs(self.toggle.lookahead)
+            if count_only and (risk := self._risk_of(worker, priced)).none_to_save(start, now):
+                passed += risk.doomed_count
+                continue
+            clock = start
+            for req, cost in priced:
+                clock += cost
                 if clock - req.arrival > req.slo.ttft:
-                    risky.append((req, worker, clock))
-        return risky
+                    (hopeless if doomed(req, cost, now) else hopeful).append((req, worker, clock))
+        return hopeful, hopeless, len(hopeful) + len(hopeless) + passed
+
+    def _risk_of(self, worker: WorkerState, priced: tuple[tuple[Request, float], ...]) -> QueueRisk:
+        """The risk view of ``worker``'s queue, kept while its queue stays as priced."""
+        risk = self._risks.get(worker.id)
+        if risk is None or risk.priced is not priced:
+            risk = self._risks[worker.id] = QueueRisk.of(priced)
+        return risk
 
     @staticmethod
     def _multiplexed(req: Request, worker: WorkerState, path1_finish: float, finish: float,
@@ -303,11 +321,11 @@ class TropicalPolicy(Policy):
         chunk = self._chunk_of(worker, nxt, limit)
         if chunk.tokens == 0:
             return None
-        ahead, behind = place(worker, self._queue_of(worker, now), req, self.toggle.laxity)
-        before = Pending.of(worker, ahead, nxt.carried)
-        if not keeps_promises(worker, chunk, nxt.start, before, req, behind):
+        lineup = self._lineup_of(worker, now)
+        ahead = lineup.place(req)
+        if not lineup.keeps_promises(chunk, nxt.start, req, ahead):
             return None
-        return chunk.finish(worker, before.plus(req, worker), nxt.start)
+        return chunk.finish(worker, lineup.prefixes[ahead].plus(req, worker), nxt.start)
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
@@ -316,7 +334,7 @@ class TropicalPolicy(Policy):
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
         if band is not None:
             limit = math.exp(band * _BAND)
-        decode = nxt.shape([])
+        decode = BatchShape.decode(len(nxt.decodes), nxt.decode_context)
         key = (worker.id, band, decode.decode_count, decode.decode_context)
         if key not in self._chunks:
             self._chunks[key] = Chunk.of(worker, decode, limit)
@@ -339,6 +357,14 @@ class TropicalPolicy(Policy):
         if worker.id not in self._queues:
             self._queues[worker.id] = list(self._next_of(worker, now).queued)
         return self._queues[worker.id]
+
+    def _lineup_of(self, worker: WorkerState, now: float) -> Lineup:
+        """The prompts queued on and promised to ``worker`` in this scheduling round, lined up
+        for placing a candidate among them (kept until a promise changes them)."""
+        if worker.id not in self._lineups:
+            self._lineups[worker.id] = Lineup.of(worker, self._queue_of(worker, now),
+                                                 self._next_of(worker, now).carried, self.toggle.laxity)
+        return self._lineups[worker.id]
 
     def _queued_of(self, worker: WorkerState, now: float) -> Pending:
         """The prompts queued on ``worker`` (not yet running), once per scheduling round."""

@@ -25,7 +25,11 @@ from tropical.sched.token_gaps import TokenGaps
 
 @dataclass(slots=True, eq=False)
 class WorkerState:
-    """What the policy sees of a worker and what batch formation consumes."""
+    """What the policy sees of a worker and what batch formation consumes.
+
+    ``waiting`` changes only through these methods, which count their edits (``queued_costs``
+    keeps its prices until the next one).
+    """
 
     id: int
     role: Role
@@ -49,6 +53,8 @@ class WorkerState:
     gaps: TokenGaps = field(default_factory=TokenGaps)
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
+    _queue_edits: int = 0
+    _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...]] = (-1, 0, ())
 
     @property
     def unfinished_tokens(self) -> int:
@@ -73,6 +79,7 @@ class WorkerState:
         prompt tokens (``inflight``: a chunk leaves the rest of its prompt queued)."""
         self.batch_prefills = len(spans)
         self.inflight = {req.id: new for req, new in spans}
+        self._queue_edits += 1
         for req, _ in spans:
             self._add_queued_work(req, -1)
         if len(self.waiting) == len(spans):
@@ -92,6 +99,17 @@ class WorkerState:
         """Waiting requests not in the iteration now running (those may still be moved)."""
         stop = None if limit is None else self.batch_prefills + limit
         return list(islice(self.waiting, self.batch_prefills, stop))
+
+    def queued_costs(self, limit: int) -> tuple[tuple[Request, float], ...]:
+        """The first ``limit`` queued requests with their ``prefill_cost``; the toggle scans
+        them at every iteration end, so they are kept until the queue changes."""
+        edits, depth, costs = self._priced_queue
+        if edits != self._queue_edits or depth != limit:
+            cost = self.prefill_cost
+            costs = tuple((req, cost(req)) for req in islice(self.waiting, self.batch_prefills,
+                                                             self.batch_prefills + limit))
+            self._priced_queue = (self._queue_edits, limit, costs)
+        return costs
 
     def prefill_cost(self, req: Request) -> float:
         """Predicted time of ``req``'s remaining prompt here, cached until its progress changes."""
@@ -126,6 +144,7 @@ class WorkerState:
             self.waiting.insert(self._laxity_slot(req), req)
         else:
             self.waiting.append(req)
+        self._queue_edits += 1
         self._add_queued_work(req, 1)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
 
@@ -142,6 +161,11 @@ class WorkerState:
         while slot > self.batch_prefills and self.latest_start(self.waiting[slot - 1]) > key:
             slot -= 1
         return slot
+
+    @property
+    def learns(self) -> bool:
+        """Does its predictor learn online (so that ``learn`` is worth a batch shape)?"""
+        return isinstance(self.latency, OnlineLatency)
 
     def learn(self, shape: BatchShape, seconds: float, times: int = 1) -> None:
         """An iteration over ``shape`` took ``seconds`` (``times`` alike ones did): a predictor
@@ -218,6 +242,7 @@ class WorkerState:
         decodes in place; on a prefill worker it waits for migration (the caller's job).
         """
         req.computed += new
+        self._queue_edits += 1
         self.waiting_tokens -= new
         self.batch_prefills = max(0, self.batch_prefills - 1)
         self.inflight.pop(req.id, None)
@@ -247,6 +272,7 @@ class WorkerState:
         if req in self.inbox:
             self.inbox.remove(req)
         if req in self.waiting:
+            self._queue_edits += 1
             if list(self.waiting).index(req) >= self.batch_prefills:
                 self._add_queued_work(req, -1)
             else:

@@ -15,6 +15,8 @@ from tropical.core.latency.shape import BatchShape
 from tropical.core.specs import HardwareSpec, ModelSpec, ReplicaSpec
 
 Number = Any  # a float, or a numpy array when the calibration evaluates many rows at once
+_CACHED_SHAPES = 1 << 16
+"""Token counts whose layer time a model keeps; past that it starts over (memory stays bounded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +222,8 @@ class RooflineModel:
         self._transfer = Linear.copy(efficiency.transfer, gpu)
         self._kv_bytes_per_shard = model.kv_bytes_per_token / tp
         self._decode_lines: dict[int, tuple[float, float]] = {}
+        self._layer_seconds: dict[int, float] = {}
+        self._head_seconds: dict[int, float] = {}
 
     @staticmethod
     def _linear_layer_terms(eff: Efficiency, gpu: HardwareSpec, shard: Shard,
@@ -238,11 +242,29 @@ class RooflineModel:
 
     def _dense(self, tokens: int, sampled: int) -> float:
         """Everything but attention: per-layer GEMMs and streams, the LM head, the CPU overhead."""
-        layer = self._fixed + tokens * self._per_token
-        for gemm in self._gemms:
-            layer += gemm.seconds(tokens)
-        head = self._lm_head.seconds(sampled) if sampled else 0.0
-        return self.efficiency.iteration_overhead + self._layers * layer + head
+        return self.efficiency.iteration_overhead + self._all_layers(tokens) + self._head(sampled)
+
+    def _all_layers(self, tokens: int) -> float:
+        """Every layer's GEMMs and streams over ``tokens``, cached: the simulator and the toggle
+        price many iterations of the same token count (chunks, budgets, decode batches)."""
+        seconds = self._layer_seconds.get(tokens)
+        if seconds is None:
+            layer = self._fixed + tokens * self._per_token
+            for gemm in self._gemms:
+                layer += gemm.seconds(tokens)
+            seconds = self._layers * layer
+            if len(self._layer_seconds) >= _CACHED_SHAPES:
+                self._layer_seconds.clear()
+            self._layer_seconds[tokens] = seconds
+        return seconds
+
+    def _head(self, sampled: int) -> float:
+        """The LM head over ``sampled`` rows, cached (at most one row per sequence)."""
+        seconds = self._head_seconds.get(sampled)
+        if seconds is None:
+            seconds = self._lm_head.seconds(sampled) if sampled else 0.0
+            self._head_seconds[sampled] = seconds
+        return seconds
 
     def iteration_time(self, shape: BatchShape) -> float:
         """Wall time of one forward pass; decode-only shapes go through the cached line."""

@@ -18,7 +18,7 @@ from tropical.core.request import PrefillPath as RequestPath
 from tropical.core.slo import SLO
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS
-from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed
+from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, transfer_scale
 from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
 from tropical.serve.iteration_log import IterationRecord, read_iterations
@@ -48,6 +48,17 @@ def test_adjustment_comes_from_the_servers_counters() -> None:
     server_ttft = {"tropical_ttft_seconds_count": 4.0, "tropical_ttft_seconds_sum": 0.4}
     assert frontend_latency(server_ttft, 0.13) == pytest.approx(0.03)
     assert frontend_latency({}, 0.13) == 0.0
+
+
+def test_kv_moves_take_the_servers_measured_time_over_the_profiles() -> None:
+    """Two moves of 100 and 200 tokens took three times what the profile prices them at."""
+    base = linear_model()
+    seconds = 3 * (base.transfer_time(100) + base.transfer_time(200))
+    totals = {"tropical_migrations_total": 2.0, "tropical_migrated_tokens_total": 300.0,
+              "tropical_migration_seconds_sum": seconds}
+    assert transfer_scale(base, totals) == pytest.approx(3.0)
+    assert adjusted(base, totals).transfer_scale == pytest.approx(3.0)
+    assert transfer_scale(base, {"tropical_migration_seconds_sum": 1.0}) == 1.0, "nothing migrated"
 
 
 def test_measured_speed_is_the_profile_refitted_to_the_runs_iterations() -> None:
@@ -121,6 +132,7 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert read_iterations(out / "logs" / "serve-tropical-1.iterations.jsonl")
     assert run["adjustment"]["frontend_s"] >= 0 and run["sim_goodput_rps"] > 0
     assert set(run["sim_ttft_p90_s_at_drift"]) == {"0.98", "1.02"} and policy["ttft_p90_drift_width"] >= 0
+    assert run["adjustment"]["transfer_scale"] > 0
     assert (out / "tropical" / "1" / "requests.jsonl").exists()
     assert "Path agreement" in (out / "fidelity.md").read_text()
     assert main(["fidelity", "--replay", str(out), "--json"]) == 0

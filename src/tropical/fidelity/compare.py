@@ -70,6 +70,7 @@ class Comparison:
                 "relative_error_profile_only": relative_errors(self.real, self.profile_only),
                 "adjustment": {"compute_scale": [s.scale for s in a],
                                "iteration_overhead_s": [s.overhead for s in a],
+                               "transfer_scale": a[0].transfer_scale,
                                "frontend_s": self.frontend_s, "speed": _coefficients(a[0].base)},
                 "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
                 "sim_ttft_p90_s_at_drift": dict(zip(map(str, DRIFT), self.drift_ttft_p90_s, strict=False)),

@@ -28,23 +28,39 @@ def scrape(url: str) -> dict[str, float]:
 def adjusted(profile: LatencyModel, totals: dict[str, float]) -> AdjustedModel:
     """``profile`` scaled by the measured compute / predicted ratio (contention between workers
     and the profile's own error), plus the mean per-iteration gap between the router's wall time
-    and the worker's compute (planning, pipe round trip, booking, streaming).
-
-    Migrations are left as profiled: a live migration's time includes waiting for the target's
-    iteration boundary, which the simulator already models, so scaling by it would count it twice.
+    and the worker's compute (planning, pipe round trip, booking, streaming); KV moves at their
+    measured speed (``transfer_scale``).
     """
     iterations = totals.get("tropical_iterations_total", 0.0)
     if not iterations:
-        return AdjustedModel(profile)
+        return AdjustedModel(profile, transfer_scale=transfer_scale(profile, totals))
     compute = totals["tropical_iteration_compute_seconds_total"]
     predicted = totals["tropical_iteration_predicted_seconds_total"]
     wall = totals["tropical_iteration_wall_seconds_total"]
     scale = compute / predicted if predicted else 1.0
-    return AdjustedModel(profile, scale, max(0.0, (wall - compute) / iterations))
+    return AdjustedModel(profile, scale, max(0.0, (wall - compute) / iterations),
+                         transfer_scale(profile, totals))
 
 
-def measured_speed(profile: FittedModel, records: Sequence[IterationRecord],
-                   workers: int) -> list[AdjustedModel]:
+def transfer_scale(profile: LatencyModel, totals: dict[str, float]) -> float:
+    """The server's KV moves over the profile's price for the same moves (1 if none moved).
+
+    The router times a move as its export plus its import, without the wait for the target's
+    iteration boundary, which the simulator models itself. The profile prices a move as a fixed
+    cost plus a cost per token, so the same moves cost it count x the first plus tokens x the second.
+    """
+    count = totals.get("tropical_migrations_total", 0.0)
+    seconds = totals.get("tropical_migration_seconds_sum", 0.0)
+    if not count or seconds <= 0:
+        return 1.0
+    fixed = profile.transfer_time(0)
+    per_token = (profile.transfer_time(1_000) - fixed) / 1_000
+    priced = count * fixed + totals["tropical_migrated_tokens_total"] * per_token
+    return seconds / priced if priced > 0 else 1.0
+
+
+def measured_speed(profile: FittedModel, records: Sequence[IterationRecord], workers: int,
+                   transfer: float = 1.0) -> list[AdjustedModel]:
     """Each worker's speed as the run measured it, iteration by iteration: the profile's model
     refitted to every iteration's compute time, scaled per worker so that its logged iterations
     take, in sum, the compute time they took live, plus that worker's mean gap between the
@@ -56,23 +72,23 @@ def measured_speed(profile: FittedModel, records: Sequence[IterationRecord],
     alone follows the typical iteration (it minimizes relative error), but contention makes some
     iterations much slower than typical, never much faster, so alone it prices a contended run
     short in sum, and queues drain at the sum's pace. docs/fidelity.md gives the sizes.
-    Migrations keep the profile's transfer (see ``adjusted``).
+    KV moves take ``transfer`` times the profile's time (``transfer_scale``).
     """
     from tropical.engine.profiler import Sample, fit_samples  # loads torch: only once a run has ended
 
     samples = [Sample(_kind(r.shape), r.shape, r.compute) for r in records if r.compute > 0]
     fitted = fit_samples(samples, profile.kv_bytes_per_token, profile.transfer_bandwidth,
                          profile.transfer_latency).model
-    pooled = _worker_speed(fitted, records)
-    return [_worker_speed(fitted, mine) if (mine := [r for r in records if r.worker == w]) else pooled
-            for w in range(workers)]
+    pooled = _worker_speed(fitted, records, transfer)
+    return [_worker_speed(fitted, mine, transfer) if (mine := [r for r in records if r.worker == w])
+            else pooled for w in range(workers)]
 
 
-def _worker_speed(fitted: FittedModel, records: Sequence[IterationRecord]) -> AdjustedModel:
+def _worker_speed(fitted: FittedModel, records: Sequence[IterationRecord], transfer: float) -> AdjustedModel:
     compute = sum(r.compute for r in records)
     priced = sum(fitted.iteration_time(r.shape) for r in records)
     overhead = sum(r.wall - r.compute for r in records) / len(records)
-    return AdjustedModel(fitted, compute / priced if priced > 0 else 1.0, max(0.0, overhead))
+    return AdjustedModel(fitted, compute / priced if priced > 0 else 1.0, max(0.0, overhead), transfer)
 
 
 def _kind(shape: BatchShape) -> str:

@@ -58,8 +58,9 @@ def _price(out: Path, policy: str, repeat: int, shape: ServerShape, slo: SLO,
            profile: FittedModel) -> Comparison:
     recorded = json.loads((out / policy / str(repeat) / TWIN).read_text())
     frontend = recorded["adjustment"]["frontend_s"]
+    transfer = recorded["adjustment"].get("transfer_scale", 1.0)  # older studies moved KV as profiled
     workers = len(policy_and_roles(shape.options(policy))[1])
-    speeds = measured_speed(profile, read_iterations(iteration_log(out, policy, repeat)), workers)
+    speeds = measured_speed(profile, read_iterations(iteration_log(out, policy, repeat)), workers, transfer)
     return price_run(load_run(out / policy / str(repeat), slo), policy, shape, profile, speeds, frontend)
 
 

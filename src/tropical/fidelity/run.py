@@ -18,7 +18,7 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import goodput, summarize
 from tropical.core.slo import SLO
 from tropical.fidelity.compare import DRIFT, Comparison
-from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, scrape
+from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, scrape, transfer_scale
 from tropical.fidelity.paths import compare_paths
 from tropical.fidelity.repeats import PolicyRepeats
 from tropical.fidelity.twin import ServerShape, simulate_twin
@@ -77,7 +77,8 @@ def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison,
     profile = load_profile(cfg.profile)
     records = read_iterations(iterations)
     workers = len(policy_and_roles(cfg.shape.options(policy))[1])
-    speeds = measured_speed(profile, records, workers) if records else [adjusted(profile, totals)] * workers
+    speeds = (measured_speed(profile, records, workers, transfer_scale(profile, totals)) if records
+              else [adjusted(profile, totals)] * workers)
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
     recorded = RecordedRun(real.planned, real.measurements, real.config.slo)
     return price_run(recorded, policy, cfg.shape, profile, speeds, frontend), real

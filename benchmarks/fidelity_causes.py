@@ -10,7 +10,9 @@ the servers' iteration logs) and prints, as markdown:
 3. the study priced again with each way of timing the twin's iterations, from the earlier one
    (one compute scale on the profile) to the study's (the profile refitted to the run's
    iterations, scaled per worker to their live sum), with the median absolute error, the numbers
-   within 20% and the path agreement each gives.
+   within 20% and the path agreement each gives;
+4. each KV migration's phases, where the servers logged them: the export on the source, the wait
+   for the target's iteration boundary, and the import there.
 
     PYTHONPATH=src .venv/bin/python benchmarks/fidelity_causes.py docs/fidelity
 """
@@ -35,7 +37,7 @@ from tropical.fidelity.replay import iteration_log, load_run
 from tropical.fidelity.report import markdown_table
 from tropical.fidelity.run import price_run
 from tropical.fidelity.twin import ServerShape
-from tropical.serve.iteration_log import IterationRecord, read_iterations
+from tropical.serve.iteration_log import IterationRecord, read_iterations, read_migrations
 from tropical.serve.options import policy_and_roles
 
 KINDS = ("decode", "mixed", "prefill")
@@ -105,13 +107,37 @@ def variants(out: Path, document: dict, runs: dict[str, list[list[IterationRecor
             policy = entry["policy"]
             workers = len(policy_and_roles(shape.options(policy))[1])
             priced = [price_run(load_run(out / policy / str(k), slo), policy, shape, profile,
-                                speeds(profile, log, workers), run["adjustment"]["frontend_s"])
+                                [AdjustedModel(s, transfer_scale=run["adjustment"].get("transfer_scale", 1.0))
+                                 for s in speeds(profile, log, workers)], run["adjustment"]["frontend_s"])
                       for k, (run, log) in enumerate(zip(entry["runs"], runs[policy], strict=True), 1)]
             policies.append(PolicyRepeats(policy, tuple(priced)))
         errors = [abs(e) for p in policies for m, e in p.errors().items() if m in METRICS]
         within = f"{sum(e <= 0.2 for e in errors)} of {len(errors)}"
         rows.append([name, f"{median_abs_error(policies):.1%}", within, f"{path_agreement(policies):.1%}"])
     return markdown_table(["twin's iteration times", "median abs error", "within 20%", "paths alike"], rows)
+
+
+def migrations(out: Path, document: dict) -> str:
+    """Per policy, each phase of its logged migrations: P50 / P90 / max in ms."""
+    rows = []
+    for entry in document["policies"]:
+        policy = entry["policy"]
+        logs = [iteration_log(out, policy, k) for k in range(1, len(entry["runs"]) + 1)]
+        moves = [m for log in logs for m in read_migrations(log)]
+        if moves:
+            phases = ([m.exported - m.staged for m in moves], [m.landed - m.exported for m in moves],
+                      [m.imported - m.landed for m in moves])
+            rows.append([policy, str(len(moves)), *(_spread_ms(p) for p in phases)])
+    if not rows:
+        return "(none logged: the servers of this study predate migration records)"
+    return markdown_table(["policy", "migrations", "export, ms", "wait for the target's boundary, ms",
+                           "import, ms"], rows)
+
+
+def _spread_ms(seconds: list[float]) -> str:
+    ordered = sorted(seconds)
+    return " / ".join(f"{x * 1e3:.0f}" for x in (ordered[len(ordered) // 2], ordered[int(0.9 * len(ordered))],
+                                                   ordered[-1]))
 
 
 def main() -> None:
@@ -126,6 +152,7 @@ def main() -> None:
     print("\n## Serving overheads\n\n" + overheads(runs, document))
     priced = variants(out, document, runs, profile)
     print("\n## The study priced with each timing of the twin's iterations\n\n" + priced)
+    print("\n## KV migrations, phase by phase (P50 / P90 / max)\n\n" + migrations(out, document))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pytest
 from tests.serve.fake_cluster import at, finished, run_virtual, start_router, submission
 from tests.serve.test_router import build, requests
 from tropical.core.latency.shape import BatchShape
-from tropical.serve.iteration_log import IterationLog, IterationRecord, read_iterations
+from tropical.serve.iteration_log import IterationLog, IterationRecord, read_iterations, read_migrations
 
 
 def test_records_read_back_as_written(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_a_broken_line_is_named_by_its_number(tmp_path: Path) -> None:
     path = tmp_path / "it.jsonl"
     good = IterationRecord(0, 0.0, BatchShape.decode(2, 100), 0.1, 0.09, 0.08).as_json()
     path.write_text(f"{good}\n{{\"worker\": 0}}\n")
-    with pytest.raises(ValueError, match=r"it.jsonl:2: not an iteration record"):
+    with pytest.raises(ValueError, match=r"it.jsonl:2: not an iteration or migration record"):
         read_iterations(path)
 
 
@@ -54,3 +54,30 @@ def test_the_router_logs_every_iteration_it_runs(tmp_path: Path) -> None:
     assert all(r.compute > 0 and r.wall == pytest.approx(r.compute) == r.predicted for r in records)
     assert sum(r.shape.prefill_tokens for r in records) == 80
     assert sum(r.shape.decode_count for r in records) == 8
+
+
+def test_the_router_logs_each_migrations_export_wait_and_import(tmp_path: Path) -> None:
+    """The decode worker is mid-step when the KV is staged: the log splits the move (export plus
+    import, the request's migration time) from the wait for that step to end."""
+    busy, newcomer = requests((50, 400), (3000, 6))
+
+    async def main(loop):
+        policy, workers = build("disagg")
+        fake = start_router(loop, policy, workers, {0: 50, 1: 3000})
+        fake.router.iteration_log = IterationLog(tmp_path / "it.jsonl")
+        first = fake.router.submit(submission(busy))
+        await first.events.get()
+        await at(loop, loop.time() + 0.05)
+        handle = fake.router.submit(submission(newcomer))
+        await finished(handle)
+        await fake.router.stop()
+        fake.router.iteration_log.close()
+        return handle
+
+    handle = run_virtual(main)
+    moves = {m.request: m for m in read_migrations(tmp_path / "it.jsonl")}
+    m = moves[handle.req.id]
+    assert (m.source, m.target, m.tokens) == (0, 1, 3000)
+    assert m.staged <= m.exported < m.landed <= m.imported, "staged mid-step, imported at the boundary"
+    assert m.exported - m.staged + m.imported - m.landed == pytest.approx(handle.req.migration_time)
+    assert all(isinstance(r, IterationRecord) for r in read_iterations(tmp_path / "it.jsonl"))

@@ -28,7 +28,7 @@ from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrat
 from tropical.sched.policy import Policy
 from tropical.sched.step import TokenSequence, record_tokens, step_spec
 from tropical.sched.worker import WorkerState
-from tropical.serve.iteration_log import IterationLog, IterationRecord
+from tropical.serve.iteration_log import IterationLog, IterationRecord, MigrationRecord
 from tropical.serve.messages import Free as FreeKV
 from tropical.serve.messages import Step, StepDone
 from tropical.serve.metrics import ServerMetrics
@@ -83,7 +83,8 @@ class Landing:
 
     move: Migrate
     blob: object
-    exported_s: float
+    staged: float
+    exported: float
     done: asyncio.Future
 
     def release(self) -> None:
@@ -305,8 +306,7 @@ class Router:
         start = self.clock()
         try:
             async with self.clients[source].exported(req.id, req.prompt_len) as blob:
-                done = asyncio.get_running_loop().create_future()
-                landing = Landing(move, blob, self.clock() - start, done)
+                landing = Landing(move, blob, start, self.clock(), asyncio.get_running_loop().create_future())
                 self._landings[target].append(landing)
                 self._wakeups[target].set()
                 await landing.done
@@ -327,11 +327,19 @@ class Router:
             except (WorkerDied, WorkerError) as exc:
                 self._migration_failed(landing, f"KV migration failed: {exc}")
             else:
-                req.migration_time = landing.exported_s + self.clock() - begin
-                self.metrics.record_migration(req.migration_time, req.prompt_len)
+                self._record_migration(landing, begin, self.clock())
                 self._carry_out(self.cluster.migrated(req, source, worker_id))
             finally:
                 landing.release()
+
+    def _record_migration(self, landing: Landing, landed: float, imported: float) -> None:
+        """A migration's time (export plus import) into the request, /metrics and the log."""
+        move, req = landing.move, landing.move.request
+        req.migration_time = landing.exported - landing.staged + imported - landed
+        self.metrics.record_migration(req.migration_time, req.prompt_len)
+        if self.iteration_log is not None:
+            self.iteration_log.write(MigrationRecord(req.id, move.source, move.target, req.prompt_len,
+                                                     landing.staged, landing.exported, landed, imported))
 
     def _migration_failed(self, landing: Landing, reason: str) -> None:
         move = landing.move

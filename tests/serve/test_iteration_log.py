@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.serve.fake_cluster import at, finished, run_virtual, start_router, submission
-from tests.serve.test_router import build, requests
+from tests.serve.test_router import build, migrate_to_a_busy_decoder, requests
 from tropical.core.latency.shape import BatchShape
 from tropical.serve.iteration_log import IterationLog, IterationRecord, read_iterations, read_migrations
 
@@ -59,22 +59,9 @@ def test_the_router_logs_every_iteration_it_runs(tmp_path: Path) -> None:
 def test_the_router_logs_each_migrations_export_wait_and_import(tmp_path: Path) -> None:
     """The decode worker is mid-step when the KV is staged: the log splits the move (export plus
     import, the request's migration time) from the wait for that step to end."""
-    busy, newcomer = requests((50, 400), (3000, 6))
-
-    async def main(loop):
-        policy, workers = build("disagg")
-        fake = start_router(loop, policy, workers, {0: 50, 1: 3000})
-        fake.router.iteration_log = IterationLog(tmp_path / "it.jsonl")
-        first = fake.router.submit(submission(busy))
-        await first.events.get()
-        await at(loop, loop.time() + 0.05)
-        handle = fake.router.submit(submission(newcomer))
-        await finished(handle)
-        await fake.router.stop()
-        fake.router.iteration_log.close()
-        return handle
-
-    handle = run_virtual(main)
+    log = IterationLog(tmp_path / "it.jsonl")
+    _, handle = migrate_to_a_busy_decoder(log)
+    log.close()
     moves = {m.request: m for m in read_migrations(tmp_path / "it.jsonl")}
     m = moves[handle.req.id]
     assert (m.source, m.target, m.tokens) == (0, 1, 3000)

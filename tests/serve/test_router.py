@@ -8,10 +8,12 @@ import asyncio
 import pytest
 
 from tests.factories import linear_cluster, linear_model
-from tests.serve.fake_cluster import at, finished, run_virtual, start_router, submission
+from tests.serve.fake_cluster import FakeCluster, at, finished, run_virtual, start_router, submission
 from tropical.core.request import Request
 from tropical.core.slo import SLO
 from tropical.sched.registry import make_policy
+from tropical.serve.iteration_log import IterationLog
+from tropical.serve.streams import RequestHandle
 
 EOS = 7
 
@@ -156,14 +158,15 @@ def test_many_requests_on_a_virtual_clock_all_finish_and_leave_no_kv():
     assert not fake.router.handles and not fake.router.sequences
 
 
-def test_a_migrated_request_joins_the_first_iteration_after_its_kv_is_staged():
-    """The decode worker is mid-step when the KV is staged; it imports before planning its next
-    step, which decodes the newcomer (an import queued behind the step would join one later)."""
+def migrate_to_a_busy_decoder(log: IterationLog | None = None) -> tuple[FakeCluster, RequestHandle]:
+    """Disaggregated: a long decode keeps the decode worker stepping; a 3,000-token prompt
+    arrives 50 ms after its first token and migrates there mid-step. ``log`` records the run."""
     busy, newcomer = requests((50, 400), (3000, 6))
 
     async def main(loop):
         policy, workers = build("disagg")
         fake = start_router(loop, policy, workers, {0: 50, 1: 3000})
+        fake.router.iteration_log = log
         first = fake.router.submit(submission(busy))
         await first.events.get()
         await at(loop, loop.time() + 0.05)
@@ -172,7 +175,13 @@ def test_a_migrated_request_joins_the_first_iteration_after_its_kv_is_staged():
         await fake.router.stop()
         return fake, handle
 
-    fake, handle = run_virtual(main)
+    return run_virtual(main)
+
+
+def test_a_migrated_request_joins_the_first_iteration_after_its_kv_is_staged():
+    """The decode worker is mid-step when the KV is staged; it imports before planning its next
+    step, which decodes the newcomer (an import queued behind the step would join one later)."""
+    fake, handle = migrate_to_a_busy_decoder()
     staged = handle.req.first_token + handle.req.migration_time
     after = [(now, batch) for worker, now, batch in fake.plans if worker == 1 and now >= staged]
     assert handle.req.decode_worker == 1 and after[0][1].decode_count == 2

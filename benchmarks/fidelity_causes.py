@@ -31,7 +31,7 @@ from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.model import LatencyModel
 from tropical.core.slo import SLO
 from tropical.fidelity.compare import METRICS
-from tropical.fidelity.overheads import measured_speed
+from tropical.fidelity.overheads import iteration_kind, measured_speed
 from tropical.fidelity.repeats import PolicyRepeats, median_abs_error, path_agreement
 from tropical.fidelity.replay import iteration_log, load_run
 from tropical.fidelity.report import markdown_table
@@ -42,11 +42,6 @@ from tropical.serve.options import policy_and_roles
 
 KINDS = ("decode", "mixed", "prefill")
 Speeds = Callable[[FittedModel, list[IterationRecord], int], list[LatencyModel]]
-
-
-def kind(record: IterationRecord) -> str:
-    shape = record.shape
-    return "decode" if not shape.num_prefills else ("mixed" if shape.decode_count else "prefill")
 
 
 def one_scale(profile: FittedModel, records: list[IterationRecord], workers: int) -> list[LatencyModel]:
@@ -71,7 +66,7 @@ def profile_error(runs: dict[str, list[list[IterationRecord]]], profile: FittedM
     for policy, logs in runs.items():
         records = [r for log in logs for r in log]
         for k in KINDS:
-            mine = [r for r in records if kind(r) == k]
+            mine = [r for r in records if iteration_kind(r.shape) == k]
             if mine:
                 summed = sum(r.compute for r in mine) / sum(profile.iteration_time(r.shape) for r in mine)
                 typical = statistics.median(r.compute / profile.iteration_time(r.shape) for r in mine)

@@ -60,8 +60,8 @@ def simulate(setting: Setting, args: argparse.Namespace,
     for policy in POLICIES:
         twin = simulate_twin(planned, slo, policy, shape, latency, args.frontend_ms / 1e3, latency.base)
         done, s = twin.requests, twin.summary()
-        stream = sum(map(stream_attains, done)) / span(done) if span(done) > 0 else 0.0
-        out[policy] = {"goodput_rps": goodput(done), "stream_goodput_rps": stream, "attainment": s.attainment,
+        out[policy] = {"goodput_rps": goodput(done), "stream_goodput_rps": goodput(done, stream_attains),
+                       "attainment": s.attainment,
                        "stream_attainment": s.stream_attainment, "span_s": span(done),
                        "ttft_p90_s": s.ttft.p90, "tpot_p90_s": s.tpot.p90}
     return out

@@ -10,7 +10,7 @@ stalls, this does not. A stall is a gap over one second; ITL is the gap between 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,7 +174,8 @@ def span(requests: Sequence[Request]) -> float:
     return max(finishes) - min(r.arrival for r in requests)
 
 
-def goodput(requests: Sequence[Request]) -> float:
-    """Requests attaining their SLO per second of ``span`` (0 when nothing finished)."""
+def goodput(requests: Sequence[Request], attained: Callable[[Request], bool] = attains) -> float:
+    """Requests attaining their SLO (by ``attained``: ``stream_attains`` for stream goodput) per
+    second of ``span`` (0 when nothing finished)."""
     duration = span(requests)
-    return sum(map(attains, requests)) / duration if duration > 0 else 0.0
+    return sum(map(attained, requests)) / duration if duration > 0 else 0.0

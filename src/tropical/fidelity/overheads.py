@@ -76,7 +76,7 @@ def measured_speed(profile: FittedModel, records: Sequence[IterationRecord], wor
     """
     from tropical.engine.profiler import Sample, fit_samples  # loads torch: only once a run has ended
 
-    samples = [Sample(_kind(r.shape), r.shape, r.compute) for r in records if r.compute > 0]
+    samples = [Sample(iteration_kind(r.shape), r.shape, r.compute) for r in records if r.compute > 0]
     fitted = fit_samples(samples, profile.kv_bytes_per_token, profile.transfer_bandwidth,
                          profile.transfer_latency).model
     pooled = _worker_speed(fitted, records, transfer)
@@ -91,7 +91,8 @@ def _worker_speed(fitted: FittedModel, records: Sequence[IterationRecord], trans
     return AdjustedModel(fitted, compute / priced if priced > 0 else 1.0, max(0.0, overhead), transfer)
 
 
-def _kind(shape: BatchShape) -> str:
+def iteration_kind(shape: BatchShape) -> str:
+    """The profiler's kind of an iteration: ``decode`` only, ``prefill`` only, or ``mixed``."""
     if not shape.num_prefills:
         return "decode"
     return "mixed" if shape.decode_count else "prefill"

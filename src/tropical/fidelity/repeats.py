@@ -18,6 +18,7 @@ from tropical.fidelity.paths import PathComparison, merge
 GOODPUT = "goodput_rps"
 STREAM_GOODPUT = "stream_goodput_rps"
 GOODPUTS = (GOODPUT, STREAM_GOODPUT)
+NUMBERS = (*METRICS, *GOODPUTS, *STREAM_METRICS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +62,12 @@ class PolicyRepeats:
     def real(self) -> dict[str, Spread]:
         """Each metric and goodput over the live repeats."""
         per_run = [with_goodputs(values(c.real), c.goodput_rps) for c in self.runs]
-        return {m: Spread.of([run[m] for run in per_run]) for m in (*METRICS, *GOODPUTS, *STREAM_METRICS)}
+        return {m: Spread.of([run[m] for run in per_run]) for m in NUMBERS}
 
     def sim(self) -> dict[str, float]:
         """Each metric and goodput averaged over the repeats' twins (each with its run's overheads)."""
         per_run = [with_goodputs(values(c.adjusted), c.sim_goodput_rps) for c in self.runs]
-        return {m: _mean([run[m] for run in per_run]) for m in (*METRICS, *GOODPUTS, *STREAM_METRICS)}
+        return {m: Spread.of([run[m] for run in per_run]).mean for m in NUMBERS}
 
     def errors(self) -> dict[str, float]:
         """(sim - real mean) / real mean of each metric and goodput."""
@@ -76,7 +77,7 @@ class PolicyRepeats:
     def drift_width(self) -> float:
         """The twins' P90 TTFT spread from speed alone (``Comparison.drift_width``), averaged
         over the repeats."""
-        return _mean([c.drift_width for c in self.runs])
+        return Spread.of([c.drift_width for c in self.runs]).mean
 
     def paths(self) -> PathComparison:
         return merge([c.paths for c in self.runs])
@@ -85,7 +86,7 @@ class PolicyRepeats:
         real, sim, err = self.real(), self.sim(), self.errors()
         return {"policy": self.policy, "repeats": len(self.runs),
                 "real": {m: s.as_dict() for m, s in real.items()}, "sim": _nulls(sim),
-                "relative_error": _nulls(err), "ttft_p90_drift_width": _nulls({"w": self.drift_width()})["w"],
+                "relative_error": _nulls(err), **_nulls({"ttft_p90_drift_width": self.drift_width()}),
                 "sim_within_spread": {m: real[m].contains(sim[m]) for m in real},
                 "paths": self.paths().as_dict(), "runs": [c.as_dict() for c in self.runs]}
 
@@ -107,11 +108,6 @@ def median_abs_error(policies: Sequence[PolicyRepeats]) -> float:
 def path_agreement(policies: Sequence[PolicyRepeats]) -> float:
     """Share of all compared requests, over every policy and repeat, that took the same path."""
     return merge([p.paths() for p in policies]).agreement
-
-
-def _mean(samples: Sequence[float]) -> float:
-    finite = [x for x in samples if not math.isnan(x)]
-    return statistics.fmean(finite) if finite else math.nan
 
 
 def _nulls(numbers: dict[str, float]) -> dict[str, float | None]:

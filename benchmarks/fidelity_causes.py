@@ -41,19 +41,24 @@ from tropical.serve.iteration_log import IterationRecord, read_iterations, read_
 from tropical.serve.options import policy_and_roles
 
 KINDS = ("decode", "mixed", "prefill")
-Speeds = Callable[[FittedModel, list[IterationRecord], int], list[LatencyModel]]
+Speeds = Callable[[FittedModel, list[IterationRecord], int, float], list[LatencyModel]]
+"""Each worker's model for a run: the profile, the run's iterations, the worker count and the
+run's measured KV transfer scale."""
 
 
-def one_scale(profile: FittedModel, records: list[IterationRecord], workers: int) -> list[LatencyModel]:
+def one_scale(profile: FittedModel, records: list[IterationRecord], workers: int,
+              transfer: float) -> list[LatencyModel]:
     """The earlier twin: the profile times the run's compute / predicted, plus the mean overhead."""
     scale = sum(r.compute for r in records) / sum(r.predicted for r in records)
     overhead = statistics.fmean(r.wall - r.compute for r in records)
-    return [AdjustedModel(profile, scale, max(0.0, overhead))] * workers
+    return [AdjustedModel(profile, scale, max(0.0, overhead), transfer)] * workers
 
 
-def refit_only(profile: FittedModel, records: list[IterationRecord], workers: int) -> list[LatencyModel]:
+def refit_only(profile: FittedModel, records: list[IterationRecord], workers: int,
+               transfer: float) -> list[LatencyModel]:
     """The refit without the per-worker sums: every worker at the typical iteration's speed."""
-    return [AdjustedModel(s.base, 1.0, s.overhead) for s in measured_speed(profile, records, workers)]
+    return [AdjustedModel(s.base, 1.0, s.overhead, s.transfer_scale)
+            for s in measured_speed(profile, records, workers, transfer)]
 
 
 VARIANTS: dict[str, Speeds] = {"one compute scale on the profile (earlier twin)": one_scale,
@@ -102,8 +107,8 @@ def variants(out: Path, document: dict, runs: dict[str, list[list[IterationRecor
             policy = entry["policy"]
             workers = len(policy_and_roles(shape.options(policy))[1])
             priced = [price_run(load_run(out / policy / str(k), slo), policy, shape, profile,
-                                [AdjustedModel(s, transfer_scale=run["adjustment"].get("transfer_scale", 1.0))
-                                 for s in speeds(profile, log, workers)], run["adjustment"]["frontend_s"])
+                                speeds(profile, log, workers, run["adjustment"].get("transfer_scale", 1.0)),
+                                run["adjustment"]["frontend_s"])
                       for k, (run, log) in enumerate(zip(entry["runs"], runs[policy], strict=True), 1)]
             policies.append(PolicyRepeats(policy, tuple(priced)))
         errors = [abs(e) for p in policies for m, e in p.errors().items() if m in METRICS]

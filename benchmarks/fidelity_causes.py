@@ -14,7 +14,7 @@ the servers' iteration logs) and prints, as markdown:
 4. each KV migration's phases, where the servers logged them: the export on the source, the wait
    for the target's iteration boundary, and the import there.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/fidelity_causes.py docs/fidelity
+    PYTHONPATH=src .venv/bin/python benchmarks/fidelity_causes.py docs/fidelity/win
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ from tropical.serve.process import ServerProcess
 @dataclass(frozen=True)
 class FidelityConfig:
     """One study: the model and its profile, the server's shape, the workload, the policies.
-    The defaults are the published study (docs/fidelity.md), so `tropical fidelity --profile P
-    --repeats 3` reruns it."""
+    The defaults are the published accuracy study (docs/fidelity.md: short prompts, so queues stay
+    short and repeats agree), so `tropical fidelity --profile P --repeats 3` reruns it; the
+    toggle's win is a second setting (benchmarks/live_win.sh)."""
 
     profile: str
     shape: ServerShape = ServerShape(kv_tokens=16384, block_size=16, max_model_len=2048,
@@ -42,7 +43,7 @@ class FidelityConfig:
     trace: str = "conversation"
     limit: int = 150
     rate_scale: float = 0.3
-    length_scale: float = 0.05
+    length_scale: float = 0.01
     slo_ttft_ms: float = 3000.0
     slo_tpot_ms: float = 300.0
     seed: int = 0

@@ -1,5 +1,6 @@
 """Run `tropical serve` as a child process: start it on a free local port, wait until healthy,
-stop it by PID (SIGTERM drains, SIGKILL if it lingers). Used by `tropical fidelity` and tests."""
+stop it by PID (SIGTERM drains, SIGKILL if it lingers). Used by `tropical fidelity` and tests; the
+server gets SIGTERM if its starter dies first, so a killed study leaves no server behind."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tropical.serve.parent_death import terminate_with_parent
 
 TROPICAL = str(Path(sys.executable).parent / "tropical")
 
@@ -37,7 +40,8 @@ class ServerProcess:
         port = free_port()
         with log.open("w") as out:
             process = subprocess.Popen([TROPICAL, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
-                                       stdout=out, stderr=subprocess.STDOUT)
+                                       stdout=out, stderr=subprocess.STDOUT,
+                                       preexec_fn=terminate_with_parent())
         server = cls(f"http://127.0.0.1:{port}", process, log)
         try:
             server.wait_healthy(timeout)

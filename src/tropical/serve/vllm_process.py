@@ -10,7 +10,6 @@ parent-death signal), so a router killed while starting leaves no vLLM behind.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tropical.sched.rules import Role
+from tropical.serve.parent_death import terminate_with_parent
 
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer", Role.MULTIPLEX: "kv_both"}
 CPU_PATCH = Path(__file__).parent / "vllm_cpu_patch"
@@ -96,7 +96,7 @@ class VllmProcess:
         with launch.log.open("w") as out:
             process = subprocess.Popen(launch.command(), env=launch.environment(dict(os.environ)),
                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                       preexec_fn=_terminate_with_parent)
+                                       preexec_fn=terminate_with_parent())
         return cls(launch, process)
 
     @property
@@ -124,11 +124,3 @@ class VllmProcess:
                     time.sleep(0.1)
             except ProcessLookupError:
                 return
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _terminate_with_parent() -> None:
-    """In the child before exec: ask Linux for SIGTERM when the router process exits."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

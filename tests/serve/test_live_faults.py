@@ -124,7 +124,7 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
 
 def test_sigterm_answers_503_meanwhile_and_ends_streams_past_the_drain_timeout_with_an_error(
         tmp_path: Path) -> None:
-    with live_server(tmp_path, "--policy", "colocated", "--drain-timeout", "0.2") as server, httpx.stream(
+    with live_server(tmp_path, "--policy", "colocated", "--drain-timeout", "1") as server, httpx.stream(
             "POST", f"{server.url}/v1/completions", json={**BODY, "max_tokens": 1000, "stream": True},
             timeout=60) as reply:
         lines = reply.iter_lines()

@@ -31,7 +31,7 @@ from tropical.serve.process import ServerProcess
 class FidelityConfig:
     """One study: the model and its profile, the server's shape, the workload, the policies.
     The defaults are the published accuracy study (docs/fidelity.md: short prompts, so queues stay
-    short and repeats agree), so `tropical fidelity --profile P --repeats 3` reruns it; the
+    short on a host as fast as the profile's), so `tropical fidelity --profile P --repeats 3` reruns it; the
     toggle's win is a second setting (benchmarks/live_win.sh)."""
 
     profile: str

@@ -18,7 +18,13 @@ from tropical.core.request import PrefillPath as RequestPath
 from tropical.core.slo import SLO
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS
-from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, transfer_scale
+from tropical.fidelity.overheads import (
+    adjusted,
+    frontend_latency,
+    measured_speed,
+    profile_ratio,
+    transfer_scale,
+)
 from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
 from tropical.serve.iteration_log import IterationRecord, read_iterations
@@ -96,6 +102,15 @@ def test_each_workers_speed_sums_to_its_live_compute_time() -> None:
     assert speeds[0].scale > 1.2 * speeds[1].scale, "worker 0 had every 3x slow iteration"
 
 
+def test_profile_ratio_is_the_runs_compute_over_the_profiles_price() -> None:
+    profile = linear_model()
+    shapes = [BatchShape.decode(4, 1200), BatchShape.prefill(300)]
+    records = [IterationRecord(0, 0.0, s, 1.0, 2 * profile.iteration_time(s), 0.0) for s in shapes]
+    records.append(IterationRecord(1, 0.0, BatchShape.prefill(900), 1.0, 0.0, 0.0))  # not timed: left out
+    assert profile_ratio(profile, records) == pytest.approx(2.0)
+    assert math.isnan(profile_ratio(profile, []))
+
+
 @pytest.mark.parametrize("policy", ["colocated", "disagg", "tropical"])
 def test_twin_simulates_every_planned_request(policy: str) -> None:
     planned = [PlannedRequest(i, 0.05 * i, 40 + i, 5) for i in range(12)]
@@ -119,6 +134,8 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
                  "--out", str(out), "--json"])
     document = json.loads(capsys.readouterr().out)
     assert code == 0 and json.loads((out / "fidelity.json").read_text()) == document
+    host = document["config"]["host"]
+    assert host["ratio"] > 0 and not host["matched"], "the engine is timed against the profile before the run"
     assert document["path_agreement"] is not None and document["median_abs_error"] is not None
     [policy] = document["policies"]
     assert policy["repeats"] == 1 and len(policy["runs"]) == 1
@@ -132,9 +149,10 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert read_iterations(out / "logs" / "serve-tropical-1.iterations.jsonl")
     assert run["adjustment"]["frontend_s"] >= 0 and run["sim_goodput_rps"] > 0
     assert set(run["sim_ttft_p90_s_at_drift"]) == {"0.98", "1.02"} and policy["ttft_p90_drift_width"] >= 0
-    assert run["adjustment"]["transfer_scale"] > 0
+    assert run["adjustment"]["transfer_scale"] > 0 and run["adjustment"]["profile_ratio"] > 0
     assert (out / "tropical" / "1" / "requests.jsonl").exists()
     assert "Path agreement" in (out / "fidelity.md").read_text()
+    assert (out / "fidelity.md").read_text().startswith("Host check: this host ran the engine at")
     assert main(["fidelity", "--replay", str(out), "--json"]) == 0
     replayed = json.loads(capsys.readouterr().out)
     assert replayed == document, "a replay prices exactly the recorded runs, as the live study did"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tests.fidelity.test_repeats import run
 from tropical.fidelity.repeats import PolicyRepeats, Spread
-from tropical.fidelity.report import cell, ranking_lines, report, toggle_line
+from tropical.fidelity.report import cell, ranking_lines, report, speed_line, toggle_line
 
 
 def repeats(policy: str, real_goodputs: list[float], sim_goodput: float) -> PolicyRepeats:
@@ -61,3 +61,16 @@ def test_report_states_the_median_error_and_path_agreement() -> None:
     assert "Median absolute error over the 5 latency and attainment numbers: 0.0%" in text
     assert ("Repeat spread of P90 TTFT, (max - min) / mean, and in parentheses the twin's spread with "
             "its speed times 0.98/1.02: chunked 0.0% (twin: 0.0%).") in text
+
+
+def test_report_says_how_fast_the_runs_went_against_the_profile() -> None:
+    fast, slow = repeats("chunked", [1.0, 1.2], 1.0), repeats("disagg", [1.0], 1.0)
+    ratios = zip(fast.runs, (0.9, 1.1), strict=True)
+    fast = replace(fast, runs=tuple(replace(c, profile_ratio=r) for c, r in ratios))
+    slow = replace(slow, runs=(replace(slow.runs[0], profile_ratio=2.4),))
+    assert speed_line([fast]) == ("Live iterations' compute over the profile's prediction for them: "
+                                  "chunked 1.00x (0.90x..1.10x); all within 1/1.25..1.25x.")
+    assert speed_line([fast, slow]).endswith(
+        "disagg 2.40x (2.40x..2.40x); outside 1/1.25..1.25x for disagg: the load is not that of the "
+        "profile's host.")
+    assert speed_line([fast, slow]) in report([fast, slow])

@@ -12,7 +12,9 @@ from typing import Any
 
 from tropical.bench.output import write_outputs
 from tropical.bench.run import BenchRun
+from tropical.calibration.store import load_profile
 from tropical.fidelity.compare import Comparison
+from tropical.fidelity.host import TOLERANCE, matched, measure_host, measure_profile
 from tropical.fidelity.plots import real_cdfs, real_vs_sim
 from tropical.fidelity.repeats import PolicyRepeats, median_abs_error, path_agreement
 from tropical.fidelity.replay import STUDY, TWIN, replay_study
@@ -41,6 +43,11 @@ def add_fidelity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-tokens", type=int, default=d.shape.kv_tokens)
     parser.add_argument("--max-model-len", type=int, default=d.shape.max_model_len)
     parser.add_argument("--max-batched-tokens", type=int, default=d.shape.max_batched_tokens)
+    parser.add_argument("--host-check", default="warn", choices=["warn", "match", "skip"],
+                        help="with --profile, time the engine on this host first (under a minute) and "
+                             f"compare with the profile: warn when it is more than {TOLERANCE}x off, or "
+                             "match the load to it (rate / ratio, SLOs and the profile's times x ratio), "
+                             "or skip it")
     parser.add_argument("--out", default="out/fidelity")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--replay", metavar="DIR",
@@ -60,10 +67,12 @@ def fidelity_main(args: argparse.Namespace) -> int:
                          tuple(p.strip() for p in args.policies.split(",") if p.strip()), args.trace,
                          args.limit, args.rate_scale, args.length_scale, args.slo_ttft_ms, args.slo_tpot_ms,
                          repeats=args.repeats)
-    if not args.profile:
-        profile = measure_profile(args.model, args.threads, args.profile_grid, out / "profile.json")
-        cfg = replace(cfg, profile=str(profile))
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "replay")}
+    if not args.profile:
+        cfg = replace(cfg, profile=str(measure_profile(args.model, args.threads, args.profile_grid,
+                                                       out / "profile.json")))
+    elif args.host_check != "skip":
+        cfg, settings = check_host(cfg, settings, args.host_check == "match", out)
     (out / STUDY).write_text(json.dumps({"config": settings}, indent=2) + "\n")
 
     def keep(policy: str, repeat: int, comparison: Comparison, run: BenchRun) -> None:
@@ -83,22 +92,35 @@ def publish(policies: list[PolicyRepeats], out: Path, settings: dict[str, Any], 
                 "path_agreement": _null(path_agreement(policies)), "spread": "min..max over the repeats",
                 "policies": [p.as_dict() for p in policies]}
     (out / "fidelity.json").write_text(json.dumps(document, indent=2) + "\n")
-    text = report(policies)
+    text = report(policies, settings.get("host"))
     (out / "fidelity.md").write_text(text + "\n")
     wrote = f"wrote {out / 'fidelity.md'} and {out / 'fidelity.json'}"
     print(json.dumps(document) if as_json else f"{text}\n{wrote}")
     return 0
 
 
-def measure_profile(model: str, threads: int, grid: str, path: Path) -> Path:
-    """The engine's profile at the workers' thread count."""
-    import torch
-
-    from tropical.engine.profiler import GRIDS, profile_model, write_profile
-
-    torch.set_num_threads(threads)
-    write_profile(profile_model(model, GRIDS[grid]), path)
-    return path
+def check_host(cfg: FidelityConfig, settings: dict[str, Any], match: bool,
+               out: Path) -> tuple[FidelityConfig, dict[str, Any]]:
+    """Time the engine against the study's profile before any live run; say when this host is far
+    from the profile's speed, or, matching, run the study in this host's time units (the settings
+    then record what was run, and under ``host.asked`` what was asked)."""
+    profile = load_profile(cfg.profile)
+    speed = measure_host(cfg.model, cfg.threads, profile)
+    print(f"host check: {speed.describe()}", file=sys.stderr, flush=True)
+    host: dict[str, Any] = {**speed.as_dict(), "matched": match}
+    if match:
+        host["asked"] = {k: settings[k] for k in ("profile", "rate_scale", "slo_ttft_ms", "slo_tpot_ms")}
+        cfg, slowed = matched(cfg, speed, profile)
+        path = out / "profile-host.json"
+        path.write_text(json.dumps(slowed.to_dict(), indent=2) + "\n")
+        cfg = replace(cfg, profile=str(path))
+        settings = {**settings, "profile": cfg.profile, "rate_scale": cfg.rate_scale,
+                    "slo_ttft_ms": cfg.slo_ttft_ms, "slo_tpot_ms": cfg.slo_tpot_ms}
+    elif speed.far:
+        print("warning: the study's rate and SLOs are absolute, so on this host its load differs from "
+              "that on the profile's and published tables will not come back; --host-check match runs "
+              "it in this host's time units", file=sys.stderr, flush=True)
+    return cfg, {**settings, "host": host}
 
 
 def _null(x: float) -> float | None:

@@ -42,7 +42,8 @@ class Comparison:
     """One policy's real run, its twin on the bare profile, and its twin at the speed and with the
     serving overheads the server measured (``speeds``, one per worker: compute and overhead per
     iteration; ``frontend_s`` per request);
-    ``paths`` compares the server's path per request with the adjusted twin's."""
+    ``paths`` compares the server's path per request with the adjusted twin's; ``profile_ratio``
+    is the run's compute over the profile's prediction for its iterations (overheads.profile_ratio)."""
 
     policy: str
     real: Summary
@@ -54,6 +55,7 @@ class Comparison:
     sim_goodput_rps: float
     paths: PathComparison
     drift_ttft_p90_s: tuple[float, ...] = ()
+    profile_ratio: float = math.nan
 
     @property
     def drift_width(self) -> float:
@@ -71,11 +73,16 @@ class Comparison:
                 "adjustment": {"compute_scale": [s.scale for s in a],
                                "iteration_overhead_s": [s.overhead for s in a],
                                "transfer_scale": a[0].transfer_scale,
-                               "frontend_s": self.frontend_s, "speed": _coefficients(a[0].base)},
+                               "frontend_s": self.frontend_s, "speed": _coefficients(a[0].base),
+                               "profile_ratio": _null(self.profile_ratio)},
                 "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
                 "sim_ttft_p90_s_at_drift": dict(zip(map(str, DRIFT), self.drift_ttft_p90_s, strict=False)),
                 "paths": self.paths.as_dict(), "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}
+
+
+def _null(x: float) -> float | None:
+    return None if math.isnan(x) else x
 
 
 def _coefficients(model: LatencyModel) -> dict[str, object] | None:

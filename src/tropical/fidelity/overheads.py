@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -82,6 +83,13 @@ def measured_speed(profile: FittedModel, records: Sequence[IterationRecord], wor
     pooled = _worker_speed(fitted, records, transfer)
     return [_worker_speed(fitted, mine, transfer) if (mine := [r for r in records if r.worker == w])
             else pooled for w in range(workers)]
+
+
+def profile_ratio(profile: LatencyModel, records: Sequence[IterationRecord]) -> float:
+    """The run's iterations' compute seconds over what ``profile`` predicts for them: how fast
+    this host really ran against the profile the study decided with (above 1: slower)."""
+    predicted = sum(profile.iteration_time(r.shape) for r in records if r.compute > 0)
+    return sum(r.compute for r in records if r.compute > 0) / predicted if predicted > 0 else math.nan
 
 
 def _worker_speed(fitted: FittedModel, records: Sequence[IterationRecord], transfer: float) -> AdjustedModel:

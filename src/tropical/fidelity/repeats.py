@@ -79,6 +79,10 @@ class PolicyRepeats:
         over the repeats."""
         return Spread.of([c.drift_width for c in self.runs]).mean
 
+    def profile_ratio(self) -> Spread:
+        """How fast the host ran against the profile over the repeats (``Comparison.profile_ratio``)."""
+        return Spread.of([c.profile_ratio for c in self.runs])
+
     def paths(self) -> PathComparison:
         return merge([c.paths for c in self.runs])
 

@@ -20,7 +20,7 @@ from tropical.calibration.store import load_profile
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.slo import SLO
 from tropical.fidelity.compare import Comparison
-from tropical.fidelity.overheads import measured_speed
+from tropical.fidelity.overheads import measured_speed, profile_ratio
 from tropical.fidelity.repeats import PolicyRepeats
 from tropical.fidelity.run import RecordedRun, price_run
 from tropical.fidelity.twin import ServerShape
@@ -60,8 +60,10 @@ def _price(out: Path, policy: str, repeat: int, shape: ServerShape, slo: SLO,
     frontend = recorded["adjustment"]["frontend_s"]
     transfer = recorded["adjustment"].get("transfer_scale", 1.0)  # older studies moved KV as profiled
     workers = len(policy_and_roles(shape.options(policy))[1])
-    speeds = measured_speed(profile, read_iterations(iteration_log(out, policy, repeat)), workers, transfer)
-    return price_run(load_run(out / policy / str(repeat), slo), policy, shape, profile, speeds, frontend)
+    records = read_iterations(iteration_log(out, policy, repeat))
+    speeds = measured_speed(profile, records, workers, transfer)
+    return price_run(load_run(out / policy / str(repeat), slo), policy, shape, profile, speeds, frontend,
+                     profile_ratio(profile, records))
 
 
 def iteration_log(out: Path, policy: str, repeat: int) -> Path:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import combinations
+from typing import Any
 
 from tropical.fidelity.compare import DRIFT, METRICS, STREAM_METRICS
+from tropical.fidelity.host import TOLERANCE
 from tropical.fidelity.paths import merge
 from tropical.fidelity.repeats import (
     GOODPUT,
@@ -124,11 +126,29 @@ def spread_line(policies: Sequence[PolicyRepeats]) -> str:
             f"with its speed times {drift}: {widths}.")
 
 
-def report(policies: Sequence[PolicyRepeats]) -> str:
+def speed_line(policies: Sequence[PolicyRepeats]) -> str:
+    """How fast the host ran against the profile, from every run's iteration log: a study whose
+    runs were far from it loaded its host otherwise than the profile's host (docs/fidelity.md)."""
+    ratios = {p.policy: p.profile_ratio() for p in policies}
+    each = ", ".join(f"{policy} {_times(r.mean)} ({_times(r.low)}..{_times(r.high)})"
+                     for policy, r in ratios.items())
+    far = [policy for policy, r in ratios.items() if r.high > TOLERANCE or r.low < 1 / TOLERANCE]
+    verdict = (f"outside 1/{TOLERANCE:g}..{TOLERANCE:g}x for {', '.join(far)}: the load is not that of the "
+               "profile's host" if far else f"all within 1/{TOLERANCE:g}..{TOLERANCE:g}x")
+    return f"Live iterations' compute over the profile's prediction for them: {each}; {verdict}."
+
+
+def _times(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}x"
+
+
+def report(policies: Sequence[PolicyRepeats], host: dict[str, Any] | None = None) -> str:
+    """The report; ``host`` is the study's host check (``fidelity.host``), when it made one."""
     repeats = min(len(p.runs) for p in policies)
     numbers = sum(1 for p in policies for m in METRICS if not math.isnan(p.errors()[m]))
     paths = merge([p.paths() for p in policies])
     return "\n".join([
+        *host_lines(host),
         f"Each cell: real mean (min..max over {repeats} repeat{'s' if repeats > 1 else ''}) / simulated "
         "(mean of the repeats' twins) relative error, ✓ when the simulated value lies within min..max. "
         "Times in ms.", "",
@@ -139,11 +159,27 @@ def report(policies: Sequence[PolicyRepeats]) -> str:
         "over 1 s between two chunks, and stream attainment: the SLOs met and no gap over the TBT "
         "SLO), reported beside the numbers above and not in their error:", "",
         numbers_table(policies, (*STREAM_METRICS, STREAM_GOODPUT)), "",
-        spread_line(policies),
+        spread_line(policies), speed_line(policies), "",
         f"Path agreement: {paths.same} of {paths.compared} requests ({_share(path_agreement(policies))}) "
         "took the same path live and in the twin.", "",
         paths_table(policies), "",
         *ranking_lines(policies), toggle_line(policies)])
+
+
+def host_lines(host: dict[str, Any] | None) -> list[str]:
+    """What the host check measured before the first run, and whether the load was matched."""
+    if host is None:
+        return []
+    r = host["ratio"]
+    kinds = ", ".join(f"{k} {v:.2f}x" for k, v in host["by_kind"].items())
+    line = f"Host check: this host ran the engine at {r:.2f}x the profile's times ({kinds}); "
+    if host["matched"]:
+        asked = host["asked"]
+        line += (f"the load was matched to it: rate scale {asked['rate_scale']:g} x {1 / r:.2f}, SLOs "
+                 f"{asked['slo_ttft_ms']:g} / {asked['slo_tpot_ms']:g} ms and the profile's times x {r:.2f}.")
+    else:
+        line += "the load was not matched to it."
+    return [line, ""]
 
 
 def _within(policies: Sequence[PolicyRepeats], bound: float) -> int:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,14 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import goodput, summarize
 from tropical.core.slo import SLO
 from tropical.fidelity.compare import DRIFT, Comparison
-from tropical.fidelity.overheads import adjusted, frontend_latency, measured_speed, scrape, transfer_scale
+from tropical.fidelity.overheads import (
+    adjusted,
+    frontend_latency,
+    measured_speed,
+    profile_ratio,
+    scrape,
+    transfer_scale,
+)
 from tropical.fidelity.paths import compare_paths
 from tropical.fidelity.repeats import PolicyRepeats
 from tropical.fidelity.twin import ServerShape, simulate_twin
@@ -82,7 +90,8 @@ def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison,
               else [adjusted(profile, totals)] * workers)
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
     recorded = RecordedRun(real.planned, real.measurements, real.config.slo)
-    return price_run(recorded, policy, cfg.shape, profile, speeds, frontend), real
+    ratio = profile_ratio(profile, records)
+    return price_run(recorded, policy, cfg.shape, profile, speeds, frontend, ratio), real
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +105,10 @@ class RecordedRun:
 
 
 def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: LatencyModel,
-              speeds: Sequence[LatencyModel], frontend: float) -> Comparison:
+              speeds: Sequence[LatencyModel], frontend: float, ratio: float = math.nan) -> Comparison:
     """The run against its twins: on the bare ``profile``, and at the run's measured ``speeds``
     (one per worker) and ``frontend`` latency; both decide with ``profile``, as the server did.
+    ``ratio``: the run's compute over the profile's prediction (``profile_ratio``).
     The measured twin runs again at each ``DRIFT`` of its speeds, for the P90 TTFT that a
     repeat's speed alone would move."""
     real = [m.to_request(run.slo) for m in run.measured]
@@ -112,7 +122,7 @@ def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: Latenc
                                 frontend, profile).summary().ttft.p90 for f in DRIFT)
     return Comparison(policy, summarize(real, gaps), bare.summary(), modeled.summary(), tuple(speeds),
                       frontend, goodput(real), goodput(modeled.requests),
-                      compare_paths(run.measured, modeled.requests), drift)
+                      compare_paths(run.measured, modeled.requests), drift, ratio)
 
 
 def run_study(cfg: FidelityConfig, logs: Path, progress: Callable[[str], None] = lambda _: None,

@@ -11,13 +11,15 @@ The engine's profiler writes this file; the JSON layout is documented in ``Fitte
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tropical.core.latency.shape import BatchShape
 
 FORMAT = "tropical-latency-profile/1"
 REPORT_KEYS = ("fit_error",)
+COMPUTE = ("prefill_intercept", "prefill_per_token", "prefill_per_pair", "decode_intercept",
+           "decode_per_context", "decode_per_seq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,13 @@ class FittedModel:
 
     def transfer_time(self, tokens: int) -> float:
         return self.transfer_latency + tokens * self.kv_bytes_per_token / self.transfer_bandwidth
+
+    def slowed(self, factor: float) -> FittedModel:
+        """This model with every compute time ``factor`` times longer (a host that slow); KV
+        transfers keep their speed, which the link sets."""
+        if factor <= 0:
+            raise ValueError(f"latency profile: slow-down factor must be positive, got {factor}")
+        return replace(self, **{name: getattr(self, name) * factor for name in COMPUTE})
 
     def to_dict(self) -> dict[str, Any]:
         """The profile file's content: ``format`` plus every coefficient in seconds and bytes."""

@@ -12,7 +12,8 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     code = main(["reproduce", "--limit", "200", "--sensitivity-limit", "80", "--out", str(out), "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    baselines = {"colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg"}
+    baselines = {"colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg", "disagg-1p",
+                 "disagg-3p"}  # the paper cluster's 4 workers: disagg at 1, 2 and 3 prefill workers
     policies = baselines | {"tropical", "tropical+"}
     for key in ("capacity_rps", "ratio_vs_best_baseline", "stream_capacity_rps",
                 "stream_ratio_vs_best_baseline"):

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from tropical.core.metrics import miss_cause
-from tropical.sim.reproduce import ABLATION, BASELINES, CURVE_FLOOR, Reproduction, Study
+from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, Reproduction, Study, is_baseline
 
 DISPATCH = {
     "colocated": "fewest unfinished tokens",
@@ -85,7 +85,7 @@ def common_rate_section(rep: Reproduction) -> str:
 def study_section(study: Study) -> str:
     ratios, streams = study.ratios(), study.ratios(stream=True)
     policies = sorted({p for caps in study.capacity.values() for p in caps},
-                      key=lambda p: (p not in BASELINES, p))
+                      key=lambda p: (not is_baseline(p), p))
     rows = [[variant] + [f"{caps[p]:.3f} ({ratios[variant][p]:.2f}x) / "
                          f"{study.stream[variant][p]:.3f} ({streams[variant][p]:.2f}x)"
                          if p in caps else "–" for p in policies]

@@ -14,6 +14,7 @@ from tropical.sim.run import SimResult
 STYLE = {"colocated": ("tab:gray", "--"), "chunked": ("tab:brown", "--"),
          "chunked-512": ("tab:olive", "--"), "chunked-1024": ("tab:green", "--"),
          "chunked-2048": ("tab:brown", "--"), "disagg": ("tab:blue", "--"),
+         "disagg-1p": ("tab:cyan", "--"), "disagg-3p": ("tab:purple", "--"),
          "tropical": ("tab:orange", "-"), "tropical+": ("tab:red", "-")}
 
 

@@ -59,10 +59,9 @@ def split_roles(num_workers: int, num_prefill: int | None, other: Role) -> list[
 class DisaggPolicy(Policy):
     """Fixed prefill and decode workers; prefilled requests migrate their KV."""
 
-    name = "disagg"
-
     def __init__(self, max_batched_tokens: int, num_prefill: int | None = None,
-                 max_seqs: int = 256) -> None:
+                 max_seqs: int = 256, name: str = "disagg") -> None:
+        self.name = name
         self.num_prefill = num_prefill
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
                                    max_seqs=max_seqs)

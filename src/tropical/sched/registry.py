@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -24,6 +25,9 @@ class PolicyParams:
 
 CHUNK_SIZES = (512, 1024, 2048)
 """Sarathi-Serve's budgets: ``chunked-512`` … are the chunked baseline at a fixed budget."""
+DISAGG_SPLIT = re.compile(r"disagg-([1-9][0-9]*)p")
+"""``disagg-3p``: the disaggregated baseline with 3 prefill workers (``disagg``: half), DistServe's
+xPyD, so that a study can give the baseline the split that suits its setting."""
 
 _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "colocated": lambda p: ColocatedPolicy(p.max_batched_tokens, max_seqs=p.max_seqs),
@@ -42,13 +46,18 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
 
 
 def policy_names() -> list[str]:
+    """The registered names (``disagg-<k>p`` names the disagg baseline at any split as well)."""
     return list(_FACTORIES)
 
 
 def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
     """A fresh policy object (policies hold per-run state, so never share one between runs)."""
+    params = params or PolicyParams()
+    if split := DISAGG_SPLIT.fullmatch(name):
+        return DisaggPolicy(params.max_batched_tokens, int(split.group(1)), params.max_seqs, name=name)
     try:
         factory = _FACTORIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)}") from None
-    return factory(params or PolicyParams())
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)} "
+                         "or disagg-<k>p (k prefill workers)") from None
+    return factory(params)

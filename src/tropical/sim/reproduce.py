@@ -25,8 +25,6 @@ from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
 from tropical.workload.transform import scale_lengths
 
-POLICIES = ("colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg", "tropical",
-            "tropical+")
 BASELINES = ("colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg")
 TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
@@ -72,9 +70,27 @@ class Study:
         self.stream.setdefault(variant, {})[policy] = found.stream_capacity_rps
 
 
+def baselines(workers: int) -> tuple[str, ...]:
+    """Every baseline variant on ``workers`` workers: chunk sizes, and disagg at a quarter and at
+    three quarters of them prefilling besides half (a tight TPOT SLO favours more prefill workers:
+    fewer decodes per iteration, so each keeps its TPOT)."""
+    splits = sorted({max(1, round(workers / 4)), min(workers - 1, round(3 * workers / 4))}
+                    - {max(1, workers // 2)})
+    return (*BASELINES, *(f"disagg-{k}p" for k in splits if 1 <= k < workers))
+
+
+def policies(workers: int) -> tuple[str, ...]:
+    """The policies a reproduction runs: every baseline variant, then the toggles."""
+    return (*baselines(workers), *TOGGLES)
+
+
+def is_baseline(policy: str) -> bool:
+    return policy not in TOGGLES
+
+
 def best_of(caps: dict[str, float]) -> float:
     """The best baseline variant's capacity among ``caps`` (0 when none ran)."""
-    return max((caps[b] for b in BASELINES if b in caps), default=0.0)
+    return max((c for p, c in caps.items() if is_baseline(p)), default=0.0)
 
 
 def _ratio(value: float, best: float) -> float:
@@ -110,11 +126,11 @@ class Reproduction:
 
     @property
     def best_baseline(self) -> str:
-        return max(BASELINES, key=lambda p: self.capacity[p].capacity_rps)
+        return max(filter(is_baseline, self.capacity), key=lambda p: self.capacity[p].capacity_rps)
 
     @property
     def best_stream_baseline(self) -> str:
-        return max(BASELINES, key=lambda p: self.capacity[p].stream_capacity_rps)
+        return max(filter(is_baseline, self.capacity), key=lambda p: self.capacity[p].stream_capacity_rps)
 
     def ratio_vs_best_baseline(self) -> dict[str, float]:
         best = self.capacity[self.best_baseline].capacity_rps
@@ -157,19 +173,20 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
               sensitivity: bool = True, progress: bool = True) -> Reproduction:
     """Run the whole evaluation; ``slice_of(trace name)`` gives the sensitivity workloads."""
     label = "reproduce" if progress else None
-    caps = capacities({p: base.with_policy(p) for p in POLICIES}, processes=processes, progress=label)
-    best = max(BASELINES, key=lambda p: caps[p].capacity_rps)
+    names = policies(len(base.cluster.workers))
+    caps = capacities({p: base.with_policy(p) for p in names}, processes=processes, progress=label)
+    best = max(filter(is_baseline, names), key=lambda p: caps[p].capacity_rps)
     common = caps[best].result.rate_scale
-    runs = simulations({**{(p, "common"): base.with_policy(p).at_rate(common) for p in POLICIES},
+    runs = simulations({**{(p, "common"): base.with_policy(p).at_rate(common) for p in names},
                         **{(p, "own"): base.with_policy(p).at_rate(caps[p].result.rate_scale)
-                           for p in POLICIES}},
+                           for p in names}},
                        processes=processes, progress=label)
     bound = work_bound(base.trace, base.cluster, base.params.max_seqs)
     curve = attainment_curves(base, caps, processes, label)
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
-    return Reproduction(base, caps, common, {p: runs[(p, "common")] for p in POLICIES}, curve,
+    return Reproduction(base, caps, common, {p: runs[(p, "common")] for p in names}, curve,
                         studies, slack_budget(base), bound,
-                        {p: _at_capacity(runs[(p, "own")], bound) for p in POLICIES})
+                        {p: _at_capacity(runs[(p, "own")], bound) for p in names})
 
 
 def _at_capacity(run: SimResult, bound: WorkBound) -> AtCapacity:
@@ -190,23 +207,25 @@ def attainment_curves(base: Experiment, caps: dict[str, PolicyCapacity], process
     """
     top = 1.3 * max(c.result.rate_scale for c in caps.values())
     scales = [top * (i + 1) / CURVE_POINTS for i in range(CURVE_POINTS)]
-    grid = {(p, s): base.with_policy(p).at_rate(s) for p in POLICIES for s in scales}
+    grid = {(p, s): base.with_policy(p).at_rate(s) for p in caps for s in scales}
     runs = simulations(grid, processes=processes, progress=label, stop_below=CURVE_FLOOR)
     return {p: [(s * base.trace.mean_rate, runs[(p, s)].summary.attainment,
                  runs[(p, s)].summary.stream_attainment) for s in scales]
-            for p in POLICIES}
+            for p in caps}
 
 
 def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callable[[str], Trace],
              processes: int, label: str | None) -> list[Study]:
     """Every sensitivity variant as one batch of capacity searches (on trace slices)."""
     small = replace(base, trace=slice_of(base.trace.name))
+    workers = len(base.cluster.workers)
+    names, fixed = policies(workers), baselines(workers)
     jobs: dict[tuple[str, str, str], Experiment] = {}
     for variant, changes in ABLATION.items():
         jobs[("ablation", variant, "tropical")] = replace(
             small.with_policy("tropical"), params=_with_toggle(small.params, **changes))
     for noise in (0.0, 0.1, 0.25):
-        for p in POLICIES if noise == 0.0 else TOGGLES:
+        for p in names if noise == 0.0 else TOGGLES:
             jobs[("predictor noise", f"±{noise:.0%}", p)] = replace(small.with_policy(p),
                                                                   predictor_noise=noise)
     for p in TOGGLES:
@@ -214,19 +233,18 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
         jobs[("predictor noise", f"bias {PREDICTOR_BIAS:+.0%}", p)] = biased
         jobs[("predictor noise", f"bias {PREDICTOR_BIAS:+.0%}, corrected online", p)] = replace(
             biased, params=_with_toggle(small.params, correct=True))
-    workers = len(base.cluster.workers)
     for prefill in range(1, workers):
         for p in ("disagg", *TOGGLES):
             params = _with_toggle(small.params, num_prefill=prefill)
             jobs[("role split", f"{prefill}:{workers - prefill}", p)] = replace(
                 small.with_policy(p), params=params)
     for trace in ("synthetic", "azure-code"):
-        for p in POLICIES:
+        for p in names:
             jobs[("trace", trace, p)] = replace(small.with_policy(p), trace=slice_of(trace))
     for name, slo in _slo_settings(base.slo).items():
-        for p in POLICIES:
+        for p in names:
             jobs[("SLO", name, p)] = replace(small.with_policy(p), slo=slo)
-    for p in POLICIES:
+    for p in names:
         jobs[("lengths", f"x{SHORT_PROMPTS:g}", p)] = replace(
             small.with_policy(p), trace=scale_lengths(small.trace, SHORT_PROMPTS))
     starts = {key: exp.at_rate(caps[_policy_of(key[2])].result.rate_scale) for key, exp in jobs.items()}
@@ -235,10 +253,10 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
     for (title, variant, policy), cap in found.items():
         studies.setdefault(title, Study(title)).add(variant, policy, cap)
     reference = f"±{0:.0%}"
-    _share_baselines(studies["ablation"], studies["predictor noise"], reference, BASELINES)
-    _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, BASELINES)
+    _share_baselines(studies["ablation"], studies["predictor noise"], reference, fixed)
+    _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, fixed)
     _share_baselines(studies["role split"], studies["predictor noise"], reference,
-                     tuple(b for b in BASELINES if b != "disagg"))
+                     tuple(b for b in fixed if not b.startswith("disagg")))
     return list(studies.values())
 
 

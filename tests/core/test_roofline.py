@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tropical
+from tropical.core.latency import roofline
 from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
 from tropical.core.latency.roofline import Efficiency, OpEfficiency, RooflineModel
 from tropical.core.latency.shape import BatchShape
@@ -127,3 +128,23 @@ def test_tensor_parallelism_speeds_up_prefill() -> None:
 
 def test_efficiency_round_trips_through_a_dict() -> None:
     assert Efficiency.from_dict(EFFICIENCY.to_dict()) == EFFICIENCY
+
+
+@settings(max_examples=50, deadline=None)
+@given(prefills=spans, decodes=contexts)
+def test_a_prediction_does_not_depend_on_what_is_cached(prefills: list[tuple[int, int]],
+                                                         decodes: list[int]) -> None:
+    """The per-size caches of the dense part return what a cold model computes, also once a
+    full cache has started over."""
+    shape = BatchShape.of_spans(prefills, decodes)
+    warm = MODEL.iteration_time(shape)
+    assert MODEL.iteration_time(shape) == warm
+    assert internlm2().iteration_time(shape) == warm
+
+
+def test_the_layer_cache_starts_over_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(roofline, "_CACHED_SHAPES", 4)
+    model, cold = internlm2(), internlm2()
+    times = [model.iteration_time(BatchShape.prefill(n)) for n in range(1, 12)]
+    assert len(model._layer_seconds) <= 4
+    assert times == [cold.iteration_time(BatchShape.prefill(n)) for n in range(1, 12)]

@@ -65,3 +65,12 @@ def test_an_urgent_prompt_overtakes_a_long_multiplexed_one_and_both_meet_their_t
     assert urgent.first_token < long.first_token
     assert urgent.first_token - urgent.arrival <= urgent.slo.ttft
     assert long.first_token - long.arrival <= long.slo.ttft
+
+
+def test_pending_prompts_price_as_the_batch_of_their_spans():
+    worker = make_worker(Role.MULTIPLEX, RULES)
+    carried, queued = make_request(0, prompt=3000), [make_request(1, prompt=700), make_request(2, prompt=900)]
+    pending = Pending.of(worker, queued, [(carried, 1000)])
+    spans = [(1000, 2000), (700, 0), (900, 0)]
+    assert pending.shape == BatchShape.of_batch(spans, 0, 0)
+    assert pending.with_decodes(5, 800) == BatchShape.of_batch(spans, 5, 800)

@@ -4,6 +4,7 @@ from tests.factories import make_request, make_worker, start_decoding
 from tropical.sched.batching import form_batch
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.rules import BatchRules, Role
+from tropical.sched.slack import TpotBudget
 
 CHUNKED = BatchRules(prefill_first=False, chunked=True, token_budget=512)
 
@@ -41,3 +42,20 @@ def test_an_idle_worker_carries_nothing():
     worker.complete_prefill(long, batch.prefills[0][1], now=0.1)
     nxt = NextIteration.of(worker, now=0.2)
     assert nxt.carried == () and nxt.queued == (long,)
+
+
+def test_the_sums_match_the_decodes_one_by_one():
+    """Context, peak and TPOT budget come from the worker's sums and one pass over its batch;
+    they equal what the decodes, listed one by one, add up to."""
+    worker, short, _ = busy_worker(prompt=300)
+    worker.advance_decodes(3, now=0.04)
+    migrated = make_request(2, prompt=700, output=20, tpot=0.05)
+    migrated.first_token, migrated.generated = 0.01, 1
+    worker.expect_migration(migrated)
+    for now in (0.05, 0.2):
+        nxt = NextIteration.of(worker, now)
+        decodes = nxt.decodes
+        assert nxt.decode_count == len(decodes) == 3 - (now > worker.busy_until)
+        assert nxt.decode_context == sum(d.request.prompt_len + d.generated for d in decodes)
+        assert nxt.peak_context == sum(d.request.kv_tokens for d in decodes)
+        assert nxt.budget == TpotBudget.of(decodes)

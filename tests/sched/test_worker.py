@@ -194,3 +194,14 @@ def test_queued_costs_reprice_a_prompt_once_a_chunk_of_it_ran():
     worker.complete_prefill(req, 150, now=1.0)
     assert worker.queued_costs(4) == ((req, worker.prefill_cost(req)),)
     assert worker.prefill_cost(req) < worker.prefill_cost(make_request(1, prompt=300))
+
+
+def test_peak_context_sums_the_running_requests_at_their_longest():
+    worker = make_worker()
+    short, long, cut = make_request(0, output=3), make_request(1, output=6), make_request(2, output=9)
+    for req in (short, long, cut):
+        start_decoding(worker, req)
+    assert worker.decode_peak == short.kv_tokens + long.kv_tokens + cut.kv_tokens
+    worker.advance_decodes(2, now=1.0)
+    worker.abort(cut)
+    assert worker.decode_peak == long.kv_tokens

@@ -7,7 +7,8 @@ flight is ``carried``: the rest of it is still to compute, ahead of the queue.
 ``peak_context`` is their context once each has all its output tokens (its ``kv_tokens``):
 what their decode iterations grow to.
 Computed once per scheduling round, so trying many candidate prefills costs one latency
-prediction each.
+prediction each. The running batch is priced from the worker's sums and one pass over its
+requests; a ``Decoding`` for each is built only for the callers that read them one by one.
 """
 
 from __future__ import annotations
@@ -20,13 +21,20 @@ from tropical.sched.slack import Decoding, TpotBudget
 from tropical.sched.worker import WorkerState
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NextIteration:
-    """The decodes and queued prefills of ``worker``'s next iteration, and when it starts."""
+    """The decodes and queued prefills of ``worker``'s next iteration, and when it starts.
+
+    The decodes are ``running`` (each with ``steps - step_base`` tokens by then) and
+    ``joining`` (the others, each with its own count). A value (not frozen: one is built per
+    worker and scheduling round, and a frozen one costs several times as much to build).
+    """
 
     start: float
     busy: bool
-    decodes: tuple[Decoding, ...]
+    running: tuple[Request, ...]
+    steps: int
+    joining: tuple[Decoding, ...]
     decode_context: int
     queued: tuple[Request, ...]
     budget: TpotBudget
@@ -38,23 +46,36 @@ class NextIteration:
         busy = worker.busy_until > now
         start = worker.busy_until if busy else now
         steps = worker.steps + int(busy)  # each running request's tokens once the iteration ends
-        decodes = [Decoding(r, steps - r.step_base, r.first_token) for r in worker.running.values()]
-        decodes += [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
+        running = tuple(worker.running.values())
+        joining = [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
         carried = []
         for r in worker.in_flight() if busy else ():
             left = r.remaining_prompt - worker.inflight.get(r.id, r.remaining_prompt)
             if left > 0:
                 carried.append((r, left))
             else:
-                decodes.append(Decoding(r, 1, start))
-        context = peak = 0
-        for d in decodes:
+                joining.append(Decoding(r, 1, start))
+        context = worker.decode_context + len(running) * int(busy)
+        peak = worker.decode_peak
+        for d in joining:
             context += d.request.prompt_len + d.generated
             peak += d.request.kv_tokens
-        return cls(start, busy, tuple(decodes), context, tuple(worker.queued()), TpotBudget.of(decodes),
-                   peak, tuple(carried))
+        terms = [(r.slo.tpot, r.first_token, steps - r.step_base) for r in running]
+        terms += [(d.request.slo.tpot, d.first_token, d.generated) for d in joining]
+        return cls(start, busy, running, steps, tuple(joining), context, tuple(worker.queued()),
+                   TpotBudget.of_terms(terms), peak, tuple(carried))
+
+    @property
+    def decode_count(self) -> int:
+        return len(self.running) + len(self.joining)
+
+    @property
+    def decodes(self) -> tuple[Decoding, ...]:
+        """Every decode of the iteration, running ones first."""
+        steps = self.steps
+        return (*(Decoding(r, steps - r.step_base, r.first_token) for r in self.running), *self.joining)
 
     def shape(self, prefills: list[Request]) -> BatchShape:
         """The batch with these prefills added to the decodes."""
         return BatchShape.of_batch([(r.remaining_prompt, r.computed) for r in prefills],
-                                   len(self.decodes), self.decode_context)
+                                   self.decode_count, self.decode_context)

@@ -10,20 +10,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tropical.core.latency.shape import BatchShape
+from tropical.core.latency.shape import BatchShape, attention_pairs
 from tropical.core.request import Request
 from tropical.sched.worker import WorkerState
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pending:
-    """Sums over the prompts queued on, or promised to, one worker."""
+    """Sums over the prompts queued on, or promised to, one worker: ``count`` prompts of
+    ``tokens`` tokens still to compute over ``cached`` tokens already cached, with ``pairs``
+    attention pairs (their prefill ``shape``), ``kv_new`` tokens of KV still to reserve and
+    ``peak`` at their longest. A value: ``plus`` builds a new one (not frozen, and the shape
+    not kept as a BatchShape: the toggle builds one per candidate it tries, and a frozen one,
+    or a second object, costs several times as much to build)."""
 
     count: int = 0
     tokens: int = 0
     kv_new: int = 0
     peak: int = 0
-    shape: BatchShape = BatchShape()
+    pairs: int = 0
+    cached: int = 0
 
     @classmethod
     def of(cls, worker: WorkerState, requests: Iterable[Request],
@@ -41,12 +47,17 @@ class Pending:
         """These prompts and ``req``, bound for ``worker``, with ``left`` of its prompt tokens
         still to compute (default: all it has not computed yet)."""
         left = req.remaining_prompt if left is None else left
+        cached = req.prompt_len - left
         reserve = 0 if req.id in worker.holds else worker.kv_tokens_needed(req)
         return Pending(self.count + 1, self.tokens + left, self.kv_new + reserve,
-                       self.peak + req.kv_tokens, self.shape.plus_prefill(left, req.prompt_len - left))
+                       self.peak + req.kv_tokens, self.pairs + attention_pairs(left, cached),
+                       self.cached + cached)
+
+    @property
+    def shape(self) -> BatchShape:
+        """One iteration running all these prompts whole."""
+        return self.with_decodes(0, 0)
 
     def with_decodes(self, count: int, context: int) -> BatchShape:
         """One iteration running all these prompts whole beside ``count`` decodes."""
-        shape = self.shape  # built directly: dataclasses.replace costs several times more
-        return BatchShape(shape.prefill_tokens, shape.prefill_pairs, shape.prefill_cached,
-                          shape.num_prefills, count, context)
+        return BatchShape(self.tokens, self.pairs, self.cached, self.count, count, context)

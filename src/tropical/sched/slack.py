@@ -28,29 +28,36 @@ class SlackRule(str, Enum):
 @dataclass(slots=True)
 class Decoding:
     """A request that decodes in the iteration being planned: its SLO, its tokens by the
-    iteration's start, and when its first token came. (Not frozen: the toggle builds one per
-    decoding request per plan, and a frozen one costs three times as much to build.)"""
+    iteration's start, and when its first token came. (Not frozen: plans build one per
+    decoding request they read one by one, and a frozen one costs three times as much to
+    build; ``NextIteration`` prices its running batch without them.)"""
 
     request: Request
     generated: int
     first_token: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TpotBudget:
     """The tightest TPOT constraint among the decodes of one planned iteration, for both rules:
     the smallest TPOT SLO (per-iteration rule) and the earliest time by which the iteration must
-    end for every request to stay within tokens × TPOT SLO of its first token (banked rule)."""
+    end for every request to stay within tokens × TPOT SLO of its first token (banked rule).
+    A value (not frozen, as ``Decoding``: one is built per planned iteration)."""
 
     min_tpot: float
     deadline: float
 
     @classmethod
     def of(cls, decodes: Iterable[Decoding]) -> TpotBudget:
+        return cls.of_terms([(d.request.slo.tpot, d.first_token, d.generated) for d in decodes])
+
+    @classmethod
+    def of_terms(cls, terms: Iterable[tuple[float, float, int]]) -> TpotBudget:
+        """From each decode's (TPOT SLO, first token, tokens by the iteration's start): what
+        ``of`` reads, without a Decoding per request where a whole batch is priced."""
         min_tpot = deadline = math.inf
-        for d in decodes:
-            tpot = d.request.slo.tpot
-            end = d.first_token + d.generated * tpot
+        for tpot, first_token, generated in terms:
+            end = first_token + generated * tpot
             if tpot < min_tpot:
                 min_tpot = tpot
             if end < deadline:

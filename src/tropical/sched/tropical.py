@@ -154,9 +154,10 @@ class TropicalPolicy(Policy):
         if self.toggle.flex:
             self._roles.update(workers, now, len(moves) < at_risk,
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
-        return moves + [
-            self._demoted(req, source) for req, source, _ in hopeless
-            if self.toggle.demote_doomed and req.id not in self._demoted_ids]
+        if not self.toggle.demote_doomed:
+            return moves
+        return moves + [self._demoted(req, source) for req, source, _ in hopeless
+                        if req.id not in self._demoted_ids]
 
     def _multiplex_at_risk(self, at_risk: list[_AtRisk],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
@@ -208,7 +209,7 @@ class TropicalPolicy(Policy):
         prefills = plan.plus(req, worker)
         if not self._room_for(worker, prefills):
             return None
-        iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
+        iteration = worker.latency.iteration_time(prefills.with_decodes(nxt.decode_count, nxt.decode_context))
         step = worker.latency.iteration_time(nxt.shape([]))
         wait = 0
         for d in nxt.decodes:
@@ -300,7 +301,7 @@ class TropicalPolicy(Policy):
             if not self._decodes_fit(worker, nxt, prefills, limit):
                 return None
             return self._chunked_finish(req, worker, nxt, limit, now)
-        iteration = worker.latency.iteration_time(prefills.with_decodes(len(nxt.decodes), nxt.decode_context))
+        iteration = worker.latency.iteration_time(prefills.with_decodes(nxt.decode_count, nxt.decode_context))
         if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
             return None
         return nxt.start + iteration
@@ -309,7 +310,7 @@ class TropicalPolicy(Policy):
     def _decodes_fit(worker: WorkerState, nxt: NextIteration, prefills: Pending, limit: float) -> bool:
         """Would plain decode iterations, with these prompts decoding there too and every
         request at its longest context, stay within ``limit``? (The TPOT promise covers them.)"""
-        shape = BatchShape.decode(len(nxt.decodes) + prefills.count, nxt.peak_context + prefills.peak)
+        shape = BatchShape.decode(nxt.decode_count + prefills.count, nxt.peak_context + prefills.peak)
         return worker.latency.iteration_time(shape) <= limit
 
     def _chunked_finish(self, req: Request, worker: WorkerState, nxt: NextIteration,
@@ -334,7 +335,7 @@ class TropicalPolicy(Policy):
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
         if band is not None:
             limit = math.exp(band * _BAND)
-        decode = BatchShape.decode(len(nxt.decodes), nxt.decode_context)
+        decode = BatchShape.decode(nxt.decode_count, nxt.decode_context)
         key = (worker.id, band, decode.decode_count, decode.decode_context)
         if key not in self._chunks:
             self._chunks[key] = Chunk.of(worker, decode, limit)
@@ -403,7 +404,7 @@ class TropicalPolicy(Policy):
         if self.toggle.chunked:
             limit = min(nxt.budget.min_tpot, req.slo.tpot)
             return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)
-        joined = replace(nxt, decodes=(*nxt.decodes, Decoding(req, req.generated, req.first_token)),
+        joined = replace(nxt, joining=(*nxt.joining, Decoding(req, req.generated, req.first_token)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)
         iteration = worker.latency.iteration_time(joined.shape(list(nxt.queued)))
         return TpotBudget.of(joined.decodes).fits(iteration, nxt.start, self.toggle.slack)

@@ -28,7 +28,8 @@ class WorkerState:
     """What the policy sees of a worker and what batch formation consumes.
 
     ``waiting`` changes only through these methods, which count their edits (``queued_costs``
-    keeps its prices until the next one).
+    keeps its prices until the next one). ``decode_context`` and ``decode_peak`` sum the running
+    requests' contexts now and at their longest (``kv_tokens``).
     """
 
     id: int
@@ -43,6 +44,7 @@ class WorkerState:
     holds: dict[int, int] = field(default_factory=dict)
     steps: int = 0
     decode_context: int = 0
+    decode_peak: int = 0
     running_remaining: int = 0
     waiting_tokens: int = 0
     busy_until: float = 0.0
@@ -188,6 +190,7 @@ class WorkerState:
         req.decode_worker = self.id
         self.running[req.id] = req
         self.decode_context += req.prompt_len + req.generated
+        self.decode_peak += req.kv_tokens
         self.running_remaining += req.output_len - req.generated
         self.gaps.joined(req, self.steps)
         heapq.heappush(self._finishes, (req.step_base + req.output_len, req.id, req))
@@ -226,6 +229,7 @@ class WorkerState:
             _, _, req = heapq.heappop(self._finishes)
             del self.running[req.id]
             self.decode_context -= req.prompt_len + req.output_len
+            self.decode_peak -= req.kv_tokens
             req.generated = req.output_len
             req.finish = now
             self.gaps.finished(req)
@@ -285,6 +289,7 @@ class WorkerState:
             req.generated = self.generated(req)
             del self.running[req.id]
             self.decode_context -= req.prompt_len + req.generated
+            self.decode_peak -= req.kv_tokens
             self.running_remaining -= req.output_len - req.generated
             self._finishes = [f for f in self._finishes if f[2] is not req]
             heapq.heapify(self._finishes)

@@ -15,9 +15,11 @@ from tropical.core.latency.model import LatencyModel
 from tropical.sched.worker import WorkerState
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecodeRun:
-    """``steps`` iterations of a fixed batch of ``batch`` starting at total context ``context``."""
+    """``steps`` iterations of a fixed batch of ``batch`` starting at total context ``context``.
+    A value: cutting or settling a run builds a new one (not frozen: runs are cut and settled
+    at most events, and a frozen one costs several times as much to build)."""
 
     steps: int
     batch: int

@@ -224,6 +224,7 @@ class RooflineModel:
         self._decode_lines: dict[int, tuple[float, float]] = {}
         self._layer_seconds: dict[int, float] = {}
         self._head_seconds: dict[int, float] = {}
+        self._overhead = efficiency.iteration_overhead
 
     @staticmethod
     def _linear_layer_terms(eff: Efficiency, gpu: HardwareSpec, shard: Shard,
@@ -241,29 +242,27 @@ class RooflineModel:
         return fixed, per_token
 
     def _dense(self, tokens: int, sampled: int) -> float:
-        """Everything but attention: per-layer GEMMs and streams, the LM head, the CPU overhead."""
-        return self.efficiency.iteration_overhead + self._all_layers(tokens) + self._head(sampled)
+        """Everything but attention: per-layer GEMMs and streams, the LM head, the CPU overhead.
+        Both parts are cached by size (looked up here, one call fewer per prediction): the
+        simulator and the toggle price many iterations of the same token count (chunks,
+        budgets, decode batches), and at most one row per sequence is sampled."""
+        layers = self._layer_seconds.get(tokens)
+        if layers is None:
+            layers = self._all_layers(tokens)
+        head = self._head_seconds.get(sampled)
+        if head is None:
+            head = self._head_seconds[sampled] = self._lm_head.seconds(sampled) if sampled else 0.0
+        return self._overhead + layers + head
 
     def _all_layers(self, tokens: int) -> float:
-        """Every layer's GEMMs and streams over ``tokens``, cached: the simulator and the toggle
-        price many iterations of the same token count (chunks, budgets, decode batches)."""
-        seconds = self._layer_seconds.get(tokens)
-        if seconds is None:
-            layer = self._fixed + tokens * self._per_token
-            for gemm in self._gemms:
-                layer += gemm.seconds(tokens)
-            seconds = self._layers * layer
-            if len(self._layer_seconds) >= _CACHED_SHAPES:
-                self._layer_seconds.clear()
-            self._layer_seconds[tokens] = seconds
-        return seconds
-
-    def _head(self, sampled: int) -> float:
-        """The LM head over ``sampled`` rows, cached (at most one row per sequence)."""
-        seconds = self._head_seconds.get(sampled)
-        if seconds is None:
-            seconds = self._lm_head.seconds(sampled) if sampled else 0.0
-            self._head_seconds[sampled] = seconds
+        """Every layer's GEMMs and streams over ``tokens``, kept for ``_dense``."""
+        layer = self._fixed + tokens * self._per_token
+        for gemm in self._gemms:
+            layer += gemm.seconds(tokens)
+        seconds = self._layers * layer
+        if len(self._layer_seconds) >= _CACHED_SHAPES:
+            self._layer_seconds.clear()
+        self._layer_seconds[tokens] = seconds
         return seconds
 
     def iteration_time(self, shape: BatchShape) -> float:

@@ -15,12 +15,16 @@ def attention_pairs(new: int, cached: int) -> int:
     return new * cached + new * (new + 1) // 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class BatchShape:
     """Sums over one iteration's spans.
 
     prefill_*: spans with more than one new token or no cached context (prefills and chunks);
     decode_*: one new token over ``context`` cached tokens each.
+
+    A value: never change one (shapes are shared and hashed). Not frozen only because the
+    schedulers build about a million per simulated run and a frozen one costs three times as
+    much to build; it hashes as a frozen one would.
     """
 
     prefill_tokens: int = 0

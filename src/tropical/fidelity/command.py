@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from tropical.bench.output import write_outputs
 from tropical.bench.run import BenchRun
 from tropical.calibration.store import load_profile
-from tropical.fidelity.compare import Comparison
+from tropical.fidelity.compare import Comparison, nullable
 from tropical.fidelity.host import TOLERANCE, matched, measure_host, measure_profile
 from tropical.fidelity.plots import real_cdfs, real_vs_sim
 from tropical.fidelity.repeats import PolicyRepeats, median_abs_error, path_agreement
@@ -88,8 +87,8 @@ def fidelity_main(args: argparse.Namespace) -> int:
 def publish(policies: list[PolicyRepeats], out: Path, settings: dict[str, Any], as_json: bool) -> int:
     """The study's report, JSON and real-vs-simulated plot in ``out``, and on stdout."""
     real_vs_sim(policies, out / "real_vs_sim.png")
-    document = {"config": settings, "median_abs_error": _null(median_abs_error(policies)),
-                "path_agreement": _null(path_agreement(policies)), "spread": "min..max over the repeats",
+    document = {"config": settings, "median_abs_error": nullable(median_abs_error(policies)),
+                "path_agreement": nullable(path_agreement(policies)), "spread": "min..max over the repeats",
                 "policies": [p.as_dict() for p in policies]}
     (out / "fidelity.json").write_text(json.dumps(document, indent=2) + "\n")
     text = report(policies, settings.get("host"))
@@ -109,19 +108,16 @@ def check_host(cfg: FidelityConfig, settings: dict[str, Any], match: bool,
     print(f"host check: {speed.describe()}", file=sys.stderr, flush=True)
     host: dict[str, Any] = {**speed.as_dict(), "matched": match}
     if match:
-        host["asked"] = {k: settings[k] for k in ("profile", "rate_scale", "slo_ttft_ms", "slo_tpot_ms")}
         cfg, slowed = matched(cfg, speed, profile)
         path = out / "profile-host.json"
         path.write_text(json.dumps(slowed.to_dict(), indent=2) + "\n")
         cfg = replace(cfg, profile=str(path))
-        settings = {**settings, "profile": cfg.profile, "rate_scale": cfg.rate_scale,
-                    "slo_ttft_ms": cfg.slo_ttft_ms, "slo_tpot_ms": cfg.slo_tpot_ms}
+        ran = {"profile": cfg.profile, "rate_scale": cfg.rate_scale, "slo_ttft_ms": cfg.slo_ttft_ms,
+               "slo_tpot_ms": cfg.slo_tpot_ms}
+        host["asked"] = {k: settings[k] for k in ran}
+        settings = {**settings, **ran}
     elif speed.far:
         print("warning: the study's rate and SLOs are absolute, so on this host its load differs from "
               "that on the profile's and published tables will not come back; --host-check match runs "
               "it in this host's time units", file=sys.stderr, flush=True)
     return cfg, {**settings, "host": host}
-
-
-def _null(x: float) -> float | None:
-    return None if math.isnan(x) else x

@@ -74,14 +74,15 @@ class Comparison:
                                "iteration_overhead_s": [s.overhead for s in a],
                                "transfer_scale": a[0].transfer_scale,
                                "frontend_s": self.frontend_s, "speed": _coefficients(a[0].base),
-                               "profile_ratio": _null(self.profile_ratio)},
+                               "profile_ratio": nullable(self.profile_ratio)},
                 "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
                 "sim_ttft_p90_s_at_drift": dict(zip(map(str, DRIFT), self.drift_ttft_p90_s, strict=False)),
                 "paths": self.paths.as_dict(), "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}
 
 
-def _null(x: float) -> float | None:
+def nullable(x: float) -> float | None:
+    """``x`` for JSON: None where it is NaN (no value)."""
     return None if math.isnan(x) else x
 
 

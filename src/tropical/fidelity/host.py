@@ -43,15 +43,24 @@ class HostSpeed:
 
     @property
     def far(self) -> bool:
-        """Is this host far enough from the profile's speed to change the study's queues?"""
-        return not 1 / TOLERANCE <= self.ratio <= TOLERANCE
+        return far(self.ratio)
 
     def describe(self) -> str:
-        kinds = ", ".join(f"{k} {v:.2f}x" for k, v in self.by_kind.items())
+        kinds = per_kind(self.by_kind)
         return f"this host runs the engine at {self.ratio:.2f}x the profile's times ({kinds})"
 
     def as_dict(self) -> dict[str, Any]:
         return {"ratio": self.ratio, "by_kind": self.by_kind}
+
+
+def far(ratio: float) -> bool:
+    """Is a host at ``ratio`` times the profile's times far enough from it to change a study's queues?"""
+    return not 1 / TOLERANCE <= ratio <= TOLERANCE
+
+
+def per_kind(by_kind: dict[str, float]) -> str:
+    """Ratios per kind of iteration, as the check prints and the report states them."""
+    return ", ".join(f"{k} {v:.2f}x" for k, v in by_kind.items())
 
 
 def _ratio(samples: Sequence[Sample], profile: FittedModel) -> float:

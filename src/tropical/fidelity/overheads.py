@@ -88,8 +88,9 @@ def measured_speed(profile: FittedModel, records: Sequence[IterationRecord], wor
 def profile_ratio(profile: LatencyModel, records: Sequence[IterationRecord]) -> float:
     """The run's iterations' compute seconds over what ``profile`` predicts for them: how fast
     this host really ran against the profile the study decided with (above 1: slower)."""
-    predicted = sum(profile.iteration_time(r.shape) for r in records if r.compute > 0)
-    return sum(r.compute for r in records if r.compute > 0) / predicted if predicted > 0 else math.nan
+    timed = [r for r in records if r.compute > 0]
+    predicted = sum(profile.iteration_time(r.shape) for r in timed)
+    return sum(r.compute for r in timed) / predicted if predicted > 0 else math.nan
 
 
 def _worker_speed(fitted: FittedModel, records: Sequence[IterationRecord], transfer: float) -> AdjustedModel:

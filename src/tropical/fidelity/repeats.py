@@ -12,7 +12,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tropical.fidelity.compare import METRICS, STREAM_METRICS, Comparison, relative_error, values
+from tropical.fidelity.compare import (
+    METRICS,
+    STREAM_METRICS,
+    Comparison,
+    nullable,
+    relative_error,
+    values,
+)
 from tropical.fidelity.paths import PathComparison, merge
 
 GOODPUT = "goodput_rps"
@@ -115,4 +122,4 @@ def path_agreement(policies: Sequence[PolicyRepeats]) -> float:
 
 
 def _nulls(numbers: dict[str, float]) -> dict[str, float | None]:
-    return {k: None if math.isnan(v) else v for k, v in numbers.items()}
+    return {k: nullable(v) for k, v in numbers.items()}

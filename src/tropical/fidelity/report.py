@@ -10,7 +10,7 @@ from itertools import combinations
 from typing import Any
 
 from tropical.fidelity.compare import DRIFT, METRICS, STREAM_METRICS
-from tropical.fidelity.host import TOLERANCE
+from tropical.fidelity.host import TOLERANCE, far, per_kind
 from tropical.fidelity.paths import merge
 from tropical.fidelity.repeats import (
     GOODPUT,
@@ -132,9 +132,9 @@ def speed_line(policies: Sequence[PolicyRepeats]) -> str:
     ratios = {p.policy: p.profile_ratio() for p in policies}
     each = ", ".join(f"{policy} {_times(r.mean)} ({_times(r.low)}..{_times(r.high)})"
                      for policy, r in ratios.items())
-    far = [policy for policy, r in ratios.items() if r.high > TOLERANCE or r.low < 1 / TOLERANCE]
-    verdict = (f"outside 1/{TOLERANCE:g}..{TOLERANCE:g}x for {', '.join(far)}: the load is not that of the "
-               "profile's host" if far else f"all within 1/{TOLERANCE:g}..{TOLERANCE:g}x")
+    beyond = [policy for policy, r in ratios.items() if far(r.high) or far(r.low)]
+    verdict = (f"outside 1/{TOLERANCE:g}..{TOLERANCE:g}x for {', '.join(beyond)}: the load is not that of "
+               "the profile's host" if beyond else f"all within 1/{TOLERANCE:g}..{TOLERANCE:g}x")
     return f"Live iterations' compute over the profile's prediction for them: {each}; {verdict}."
 
 
@@ -170,8 +170,7 @@ def host_lines(host: dict[str, Any] | None) -> list[str]:
     """What the host check measured before the first run, and whether the load was matched."""
     if host is None:
         return []
-    r = host["ratio"]
-    kinds = ", ".join(f"{k} {v:.2f}x" for k, v in host["by_kind"].items())
+    r, kinds = host["ratio"], per_kind(host["by_kind"])
     line = f"Host check: this host ran the engine at {r:.2f}x the profile's times ({kinds}); "
     if host["matched"]:
         asked = host["asked"]

@@ -29,8 +29,18 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     for name in ("report.md", "attainment_vs_rate.png", "latency_cdfs.png", "queueing.png",
                  "reproduction.json"):
         assert (out / name).stat().st_size > 0
+    written = json.loads((out / "reproduction.json").read_text())
+    for at in ("at_own_capacity", "at_common_rate"):     # deferral at each capacity and at equal load
+        for p in policies:
+            assert 0 <= written[at][p]["queued_work_share"] <= 1
+            assert 0 <= written[at][p]["queued_missed_work_s"] <= written[at][p]["queued_work_s"]
+    sensitivity = written["sensitivity"]
+    slo_bounds = sensitivity["SLO"]["bound_rps"]
+    assert set(slo_bounds) == set(sensitivity["SLO"]["capacity_rps"])
+    assert slo_bounds["TPOT 1.5x, TTFT 5x"] <= slo_bounds["TPOT 3x, TTFT 5x"]  # tight TPOT, small batches
     report = (out / "report.md").read_text()
-    for heading in ("Goodput capacity", "Work bound", "of bound", "work queued at last arrival", "Analysis",
+    for heading in ("Goodput capacity", "Work bound", "of bound", "work bound (most vs best baseline)",
+                    "Headroom in the sensitivity rows", "work queued at last arrival", "Analysis",
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
                     "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall"):
         assert heading in report

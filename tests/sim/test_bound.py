@@ -2,8 +2,9 @@ import pytest
 
 from tests.factories import linear_model, make_request
 from tests.sim.test_simulator import cluster
-from tropical.core.latency.model import prefill_time
-from tropical.sim.bound import full_batch, queued_work, request_work, work_bound
+from tropical.core.latency.model import decode_time, prefill_time
+from tropical.core.slo import SLO
+from tropical.sim.bound import full_batch, queued_work, request_work, tpot_batch, work_bound
 from tropical.workload.trace import Trace, TraceEntry
 
 
@@ -33,3 +34,27 @@ def test_queued_work_counts_what_is_left_of_each_phase():
     left, total = queued_work([done, half, untouched], model, 4, at=2.0)
     assert total == pytest.approx(3 * work.total)
     assert left == pytest.approx(work.decode / 2 + work.total)
+
+
+def test_tpot_batch_is_the_largest_batch_whose_iteration_keeps_the_slo():
+    model = linear_model()
+    most = 64
+    slo = decode_time(model, 10, 10 * 2000)
+    assert tpot_batch(model, slo, 2000, most) == 10
+    assert tpot_batch(model, slo * 1e6, 2000, most) == most        # the KV's batch caps it
+    assert tpot_batch(model, 0.0, 2000, most) == 1                  # even alone it misses
+
+
+def test_a_tight_tpot_slo_lowers_the_bound_and_a_loose_one_leaves_it():
+    trace = Trace("t", tuple(TraceEntry(float(i), 1000, 11) for i in range(4)))
+    spec = cluster(num_workers=2, kv_tokens=10_100)
+    free = work_bound(trace, spec, max_seqs=256)
+    model = linear_model()
+    tight = decode_time(model, 3, int(3 * (1000 + 5.5)))
+    loose = work_bound(trace, spec, 256, [SLO(ttft=1.0, tpot=1e3)] * 4)
+    bound = work_bound(trace, spec, 256, [SLO(ttft=1.0, tpot=tight)] * 4)
+    assert loose.rate_rps == pytest.approx(free.rate_rps) and loose.batch == 10
+    assert bound.batch == 3
+    assert bound.rate_rps == pytest.approx(2 / request_work(model, 1000, 11, 3).total)
+    with pytest.raises(ValueError, match="one SLO per request: 1 for 4"):
+        work_bound(trace, spec, 256, [SLO(ttft=1.0, tpot=1.0)])

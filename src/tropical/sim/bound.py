@@ -3,9 +3,11 @@
 Each request costs its prefill alone on an idle worker plus its share of decode iterations at
 the largest batch KV allows (the iteration's fixed cost split over the batch, its own context's
 cost in full), with no interference and no migration: the same latency model the simulator
-prices iterations with. No policy can serve a trace faster in steady state; on a finite trace a
-policy can pass it only by leaving work queued when the last request arrives, which
-``queued_work`` measures from the requests' recorded times.
+prices iterations with. Given the requests' SLOs, a request's batch is also no larger than one
+whose decode iteration, at the trace's mean context, keeps its TPOT SLO: a tight TPOT SLO makes
+decodes costlier per token, so the bound falls with it. No policy can serve a trace faster in
+steady state; on a finite trace a policy can pass it only by leaving work queued when the last
+request arrives, which ``queued_work`` measures from the requests' recorded times.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tropical.core.latency.model import LatencyModel, prefill_time
+from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
 from tropical.core.request import Request
+from tropical.core.slo import SLO
 from tropical.sim.cluster import ClusterSpec
 from tropical.workload.trace import Trace
 
@@ -33,7 +36,8 @@ class Work:
 
 @dataclass(frozen=True, slots=True)
 class WorkBound:
-    """The bound and what it is made of (means per request, on the reference worker)."""
+    """The bound and what it is made of (means per request, on the reference worker; ``batch``
+    is the median request's decode batch there)."""
 
     rate_rps: float
     prefill_s: float
@@ -60,16 +64,34 @@ def full_batch(trace: Trace, kv_tokens: int, max_seqs: int) -> int:
     return max(1, min(max_seqs, int(kv_tokens // mean_kv)))
 
 
-def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int) -> WorkBound:
-    """Requests per second the cluster would serve if every worker were always busy."""
+def tpot_batch(latency: LatencyModel, tpot: float, context: float, most: int) -> int:
+    """The largest decode batch up to ``most`` whose iteration, every request at ``context``
+    tokens, takes at most ``tpot`` (1 when even a lone decode takes longer)."""
+    lo, hi = 1, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if decode_time(latency, mid, int(mid * context)) <= tpot else (lo, mid - 1)
+    return lo
+
+
+def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int,
+               slos: Sequence[SLO] | None = None) -> WorkBound:
+    """Requests per second the cluster would serve if every worker were always busy; with
+    ``slos`` (one per trace entry), decode batches keep each request's TPOT SLO too."""
     if not len(trace):
         raise ValueError("the work bound needs a trace with requests")
+    if slos is not None and len(slos) != len(trace):
+        raise ValueError(f"the work bound needs one SLO per request: {len(slos)} for {len(trace)}")
+    context = sum(e.input_len + e.output_len / 2 for e in trace.entries) / len(trace)
     rate, parts = 0.0, []
     for spec in cluster.workers:
-        batch = full_batch(trace, spec.kv_capacity_tokens, max_seqs)
-        works = [request_work(spec.latency, e.input_len, e.output_len, batch) for e in trace.entries]
+        most = full_batch(trace, spec.kv_capacity_tokens, max_seqs)
+        batches = ([most] * len(trace) if slos is None else
+                   [tpot_batch(spec.latency, slo.tpot, context, most) for slo in slos])
+        works = [request_work(spec.latency, e.input_len, e.output_len, b)
+                 for e, b in zip(trace.entries, batches, strict=True)]
         rate += len(works) / sum(w.total for w in works)
-        parts.append((works, batch))
+        parts.append((works, sorted(batches)[len(batches) // 2]))
     works, batch = parts[0]
     return WorkBound(rate, sum(w.prefill for w in works) / len(works),
                      sum(w.decode for w in works) / len(works), batch, len(cluster.workers))

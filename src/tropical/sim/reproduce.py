@@ -16,11 +16,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
+from tropical.core.metrics import miss_cause
 from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, work_bound
-from tropical.sim.run import Experiment, SimResult
+from tropical.sim.run import Experiment, SimResult, request_slos
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
 from tropical.workload.transform import scale_lengths
@@ -52,11 +53,13 @@ SHORT_PROMPTS = 0.25
 @dataclass
 class Study:
     """Capacities (req/s) of some policies under named variants of one setting, under the
-    paper's attainment (``capacity``) and stream attainment (``stream``)."""
+    paper's attainment (``capacity``) and stream attainment (``stream``), and each variant's
+    work bound (``bound``, req/s)."""
 
     title: str
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
     stream: dict[str, dict[str, float]] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
 
     def ratios(self, stream: bool = False) -> dict[str, dict[str, float]]:
         """Each policy's capacity over the best baseline's in the same variant."""
@@ -64,6 +67,11 @@ class Study:
         for variant, caps in (self.stream if stream else self.capacity).items():
             out[variant] = {p: _ratio(c, best_of(caps)) for p, c in caps.items()}
         return out
+
+    def headroom(self, variant: str, stream: bool = False) -> float:
+        """The bound over the variant's best baseline: the largest ratio any policy could reach
+        without deferring work past the trace's end."""
+        return _ratio(self.bound[variant], best_of((self.stream if stream else self.capacity)[variant]))
 
     def add(self, variant: str, policy: str, found: PolicyCapacity) -> None:
         self.capacity.setdefault(variant, {})[policy] = found.capacity_rps
@@ -99,15 +107,22 @@ def _ratio(value: float, best: float) -> float:
 
 @dataclass
 class AtCapacity:
-    """One policy run at its own capacity: is anything deferred past the trace's end?"""
+    """One policy run at a rate: is anything deferred past the trace's end? ``missed_s`` is
+    the part of the queued work whose requests go on to miss their SLOs (the rest is work
+    delayed within its slack, as laxity order delays long prompts with long TTFT SLOs)."""
 
     result: SimResult
     queued_s: float
     total_s: float
+    missed_s: float
 
     @property
     def queued_share(self) -> float:
         return self.queued_s / self.total_s if self.total_s else float("nan")
+
+    def as_dict(self) -> dict:
+        return {**self.result.summary.as_dict(), "queued_work_s": self.queued_s,
+                "queued_missed_work_s": self.missed_s, "queued_work_share": self.queued_share}
 
 
 @dataclass
@@ -140,6 +155,11 @@ class Reproduction:
         best = self.capacity[self.best_stream_baseline].stream_capacity_rps
         return {p: _ratio(c.stream_capacity_rps, best) for p, c in self.capacity.items()}
 
+    def queued_at_common(self) -> dict[str, AtCapacity]:
+        """Work left at the last arrival at the common rate: at equal load, a policy that leaves
+        more has deferred it (at its own capacity, more load alone leaves more)."""
+        return {p: _at_capacity(run, self.bound) for p, run in self.at_common.items()}
+
     def headline(self) -> dict:
         """The ``--json`` line: capacities and ratios under both attainments, and the bound."""
         return {
@@ -158,13 +178,11 @@ class Reproduction:
             "best_baseline": self.best_baseline,
             "best_stream_baseline": self.best_stream_baseline,
             "bound": asdict(self.bound),
-            "at_own_capacity": {p: {**a.result.summary.as_dict(), "queued_work_s": a.queued_s,
-                                    "queued_work_share": a.queued_share}
-                                for p, a in self.at_own.items()},
+            "at_own_capacity": {p: a.as_dict() for p, a in self.at_own.items()},
             "common_rate_rps": self.common_scale * self.base.trace.mean_rate,
-            "at_common_rate": {p: r.summary.as_dict() for p, r in self.at_common.items()},
-            "sensitivity": {s.title: {"capacity_rps": s.capacity, "stream_capacity_rps": s.stream}
-                            for s in self.studies},
+            "at_common_rate": {p: a.as_dict() for p, a in self.queued_at_common().items()},
+            "sensitivity": {s.title: {"capacity_rps": s.capacity, "stream_capacity_rps": s.stream,
+                                      "bound_rps": s.bound} for s in self.studies},
             "slack": self.slack,
         }
 
@@ -181,7 +199,7 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
                         **{(p, "own"): base.with_policy(p).at_rate(caps[p].result.rate_scale)
                            for p in names}},
                        processes=processes, progress=label)
-    bound = work_bound(base.trace, base.cluster, base.params.max_seqs)
+    bound = bound_of(base)
     curve = attainment_curves(base, caps, processes, label)
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
     return Reproduction(base, caps, common, {p: runs[(p, "common")] for p in names}, curve,
@@ -189,12 +207,18 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
                         {p: _at_capacity(runs[(p, "own")], bound) for p in names})
 
 
+def bound_of(exp: Experiment) -> WorkBound:
+    """The work bound of an experiment's trace and cluster, under its requests' SLOs."""
+    return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp))
+
+
 def _at_capacity(run: SimResult, bound: WorkBound) -> AtCapacity:
     """The work left when the last request arrives, priced like the bound."""
     last = max(r.arrival for r in run.requests)
     latency = run.experiment.cluster.reference
     left, total = queued_work(run.requests, latency, bound.batch, last)
-    return AtCapacity(run, left, total)
+    missed, _ = queued_work([r for r in run.requests if miss_cause(r)], latency, bound.batch, last)
+    return AtCapacity(run, left, total, missed)
 
 
 def attainment_curves(base: Experiment, caps: dict[str, PolicyCapacity], processes: int,
@@ -251,7 +275,10 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
     found = capacities(starts, rel_tol=0.05, processes=processes, progress=label)
     studies: dict[str, Study] = {}
     for (title, variant, policy), cap in found.items():
-        studies.setdefault(title, Study(title)).add(variant, policy, cap)
+        study = studies.setdefault(title, Study(title))
+        study.add(variant, policy, cap)
+        if variant not in study.bound:
+            study.bound[variant] = bound_of(jobs[(title, variant, policy)]).rate_rps
     reference = f"±{0:.0%}"
     _share_baselines(studies["ablation"], studies["predictor noise"], reference, fixed)
     _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, fixed)

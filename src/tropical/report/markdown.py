@@ -69,7 +69,7 @@ def common_rate_section(rep: Reproduction) -> str:
         s = run.summary
         rows.append([p, f"{s.attainment:.1%}", f"{s.stream_attainment:.1%}", f"{s.ttft.p90:.2f}",
                      f"{s.tpot.p90 * 1e3:.1f}", f"{s.itl.p50 * 1e3:.1f}", f"{s.itl.p99 * 1e3:.0f}",
-                     f"{s.stall_share:.1%}", f"{queued[p].queued_share:.1%}",
+                     f"{s.stall_share:.1%}", f"{queued[p].queued_share:.2%}",
                      ", ".join(f"{k} {v}" for k, v in sorted(s.paths.items()))])
         counts = Counter(miss_cause(r) for r in run.requests)
         causes.append([p] + [f"{counts[c] / len(run.requests):.1%}" for c in CAUSES])
@@ -140,9 +140,11 @@ def _deferral_sentence(rep: Reproduction) -> str:
             f"it (against {_missed(best):.0%}) is for requests that go on to miss their SLOs, the "
             "rest for requests delayed within their TTFT slack; its P99 TTFT there is "
             f"{plus.result.summary.ttft.p99:.1f} s against {best.result.summary.ttft.p99:.1f} s. At "
-            f"the common rate it leaves {common['tropical+'].queued_share:.1%}, "
+            f"the common rate it leaves {common['tropical+'].queued_share:.2%} "
+            f"({_missed(common['tropical+']):.0%} of it for requests that miss), "
             f"{_more(common['tropical+'], common[rep.best_baseline])} than `{rep.best_baseline}` "
-            f"({common[rep.best_baseline].queued_share:.1%}).")
+            f"({common[rep.best_baseline].queued_share:.2%}; "
+            f"{_missed(common[rep.best_baseline]):.0%}).")
 
 
 def _missed(at: AtCapacity) -> float:

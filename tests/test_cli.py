@@ -45,6 +45,14 @@ def test_sweep_reports_capacity_per_policy(capsys, profile):
     assert all(v > 0 for v in out["capacity_rps"].values())
     assert out["stream_capacity_rps"]["colocated"] < out["capacity_rps"]["colocated"]  # it stalls
     assert all(out["stream_capacity_rps"][p] <= out["capacity_rps"][p] for p in out["capacity_rps"])
+    assert out["bound_rps"] > 0
+
+
+def test_sweep_bound_falls_with_a_tight_tpot_slo(capsys, profile):
+    def bound(tpot_scale: str) -> float:
+        return run_json(capsys, "sweep", "--policies", "colocated", "--limit", "60", "--profile",
+                        profile, "--tol", "0.2", "--tpot-scale", tpot_scale, "--json")["bound_rps"]
+    assert bound("1.2") < bound("5")
 
 
 def test_a_tighter_tbt_slo_lowers_stream_attainment_only(capsys, profile):

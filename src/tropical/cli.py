@@ -102,6 +102,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from tropical.sim.bound import bound_of
     from tropical.sim.build import experiment
     from tropical.sim.sweep import sweep
 
@@ -109,14 +110,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     exp = experiment(_config(args))
     found = sweep(exp, policies, target=args.target, rel_tol=args.tol, jobs=args.jobs,
                   show_progress=not args.json)
+    bound = bound_of(exp).rate_rps
     if args.json:
         print(json.dumps({"capacity_rps": {p: c.capacity_rps for p, c in found.items()},
                           "stream_capacity_rps": {p: c.stream_capacity_rps for p, c in found.items()},
                           "rate_scale": {p: c.result.rate_scale for p, c in found.items()},
-                          "target": args.target, "rel_tol": args.tol, "trace": exp.trace.name,
-                          "requests": len(exp.trace)}))
+                          "bound_rps": bound, "target": args.target, "rel_tol": args.tol,
+                          "trace": exp.trace.name, "requests": len(exp.trace)}))
     else:
         print(capacity_table(found, args.target))
+        print(f"work bound: {bound:.3f} req/s (no policy serves this trace faster without "
+              "deferring work past its end)")
     return 0
 
 

@@ -19,6 +19,7 @@ from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
 from tropical.core.request import Request
 from tropical.core.slo import SLO
 from tropical.sim.cluster import ClusterSpec
+from tropical.sim.run import Experiment, request_slos
 from tropical.workload.trace import Trace
 
 
@@ -95,6 +96,11 @@ def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int,
     works, batch = parts[0]
     return WorkBound(rate, sum(w.prefill for w in works) / len(works),
                      sum(w.decode for w in works) / len(works), batch, len(cluster.workers))
+
+
+def bound_of(exp: Experiment) -> WorkBound:
+    """The work bound of an experiment's trace and cluster, under its requests' SLOs."""
+    return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp))
 
 
 def queued_work(requests: Sequence[Request], latency: LatencyModel, batch: int,

@@ -20,8 +20,8 @@ from tropical.core.metrics import miss_cause
 from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
-from tropical.sim.bound import WorkBound, queued_work, work_bound
-from tropical.sim.run import Experiment, SimResult, request_slos
+from tropical.sim.bound import WorkBound, bound_of, queued_work
+from tropical.sim.run import Experiment, SimResult
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
 from tropical.workload.transform import scale_lengths
@@ -205,11 +205,6 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     return Reproduction(base, caps, common, {p: runs[(p, "common")] for p in names}, curve,
                         studies, slack_budget(base), bound,
                         {p: _at_capacity(runs[(p, "own")], bound) for p in names})
-
-
-def bound_of(exp: Experiment) -> WorkBound:
-    """The work bound of an experiment's trace and cluster, under its requests' SLOs."""
-    return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp))
 
 
 def _at_capacity(run: SimResult, bound: WorkBound) -> AtCapacity:

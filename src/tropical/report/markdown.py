@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from tropical.core.metrics import miss_cause
-from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, AtCapacity, Reproduction, Study, is_baseline
+from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, AtRate, Reproduction, Study, is_baseline
 
 DISPATCH = {
     "colocated": "fewest unfinished tokens",
@@ -64,12 +64,12 @@ def deferral_section(rep: Reproduction) -> str:
 
 def common_rate_section(rep: Reproduction) -> str:
     rate = rep.common_scale * rep.base.trace.mean_rate
-    rows, causes, queued = [], [], rep.queued_at_common()
-    for p, run in rep.at_common.items():
-        s = run.summary
+    rows, causes = [], []
+    for p, at in rep.at_common.items():
+        run, s = at.result, at.result.summary
         rows.append([p, f"{s.attainment:.1%}", f"{s.stream_attainment:.1%}", f"{s.ttft.p90:.2f}",
                      f"{s.tpot.p90 * 1e3:.1f}", f"{s.itl.p50 * 1e3:.1f}", f"{s.itl.p99 * 1e3:.0f}",
-                     f"{s.stall_share:.1%}", f"{queued[p].queued_share:.2%}",
+                     f"{s.stall_share:.1%}", f"{at.queued_share:.2%}",
                      ", ".join(f"{k} {v}" for k, v in sorted(s.paths.items()))])
         counts = Counter(miss_cause(r) for r in run.requests)
         causes.append([p] + [f"{counts[c] / len(run.requests):.1%}" for c in CAUSES])
@@ -133,32 +133,31 @@ def _bound_sentence(rep: Reproduction) -> str:
 
 def _deferral_sentence(rep: Reproduction) -> str:
     best, plus = rep.at_own[rep.best_baseline], rep.at_own["tropical+"]
-    common = rep.queued_at_common()
+    common_best, common_plus = rep.at_common[rep.best_baseline], rep.at_common["tropical+"]
     return (f"**Deferral.** At its capacity `tropical+` leaves {plus.queued_share:.1%} of the trace's "
             f"work queued when the last request arrives, {_more(plus, best)} than "
             f"`{rep.best_baseline}` at its own ({best.queued_share:.1%}), and {_missed(plus):.0%} of "
             f"it (against {_missed(best):.0%}) is for requests that go on to miss their SLOs, the "
             "rest for requests delayed within their TTFT slack; its P99 TTFT there is "
             f"{plus.result.summary.ttft.p99:.1f} s against {best.result.summary.ttft.p99:.1f} s. At "
-            f"the common rate it leaves {common['tropical+'].queued_share:.2%} "
-            f"({_missed(common['tropical+']):.0%} of it for requests that miss), "
-            f"{_more(common['tropical+'], common[rep.best_baseline])} than `{rep.best_baseline}` "
-            f"({common[rep.best_baseline].queued_share:.2%}; "
-            f"{_missed(common[rep.best_baseline]):.0%}).")
+            f"the common rate it leaves {common_plus.queued_share:.2%} "
+            f"({_missed(common_plus):.0%} of it for requests that miss), "
+            f"{_more(common_plus, common_best)} than `{rep.best_baseline}` "
+            f"({common_best.queued_share:.2%}; {_missed(common_best):.0%}).")
 
 
-def _missed(at: AtCapacity) -> float:
+def _missed(at: AtRate) -> float:
     return at.missed_s / at.queued_s if at.queued_s else 0.0
 
 
-def _more(one: AtCapacity, other: AtCapacity) -> str:
+def _more(one: AtRate, other: AtRate) -> str:
     return "more" if one.queued_s > other.queued_s else "no more"
 
 
 def _misses_sentence(rep: Reproduction) -> str:
     parts = []
     for p in (rep.best_baseline, "tropical", "tropical+"):
-        run = rep.at_common[p]
+        run = rep.at_common[p].result
         counts = Counter(miss_cause(r) for r in run.requests)
         counts.pop(None, None)
         if counts:

@@ -43,8 +43,8 @@ def attainment_vs_rate(rep: Reproduction, path: Path) -> Path:
 
 def latency_cdfs(rep: Reproduction, path: Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for policy, run in rep.at_common.items():
-        done = _completed(run)
+    for policy, at in rep.at_common.items():
+        done = _completed(at.result)
         cdf(left, [ttft(r) for r in done], **_style(policy))
         cdf(right, [tpot(r) for r in done], **_style(policy))
     rate = rep.common_scale * rep.base.trace.mean_rate
@@ -57,8 +57,8 @@ def latency_cdfs(rep: Reproduction, path: Path) -> Path:
 
 def queueing_cdf(rep: Reproduction, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for policy, run in rep.at_common.items():
-        cdf(ax, [max(queueing(r), 1e-4) for r in _completed(run)], **_style(policy))
+    for policy, at in rep.at_common.items():
+        cdf(ax, [max(queueing(r), 1e-4) for r in _completed(at.result)], **_style(policy))
     ax.set(xscale="log", xlabel="queueing before prefill starts (s)", ylabel="fraction of requests",
            title="Queueing delay at the common rate")
     ax.legend()

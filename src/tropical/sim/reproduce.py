@@ -106,7 +106,7 @@ def _ratio(value: float, best: float) -> float:
 
 
 @dataclass
-class AtCapacity:
+class AtRate:
     """One policy run at a rate: is anything deferred past the trace's end? ``missed_s`` is
     the part of the queued work whose requests go on to miss their SLOs (the rest is work
     delayed within its slack, as laxity order delays long prompts with long TTFT SLOs)."""
@@ -132,12 +132,12 @@ class Reproduction:
     base: Experiment
     capacity: dict[str, PolicyCapacity]
     common_scale: float
-    at_common: dict[str, SimResult]
+    at_common: dict[str, AtRate]
     curve: dict[str, list[tuple[float, float, float]]]
     studies: list[Study]
     slack: dict[str, float]
     bound: WorkBound
-    at_own: dict[str, AtCapacity]
+    at_own: dict[str, AtRate]
 
     @property
     def best_baseline(self) -> str:
@@ -154,11 +154,6 @@ class Reproduction:
     def stream_ratio_vs_best_baseline(self) -> dict[str, float]:
         best = self.capacity[self.best_stream_baseline].stream_capacity_rps
         return {p: _ratio(c.stream_capacity_rps, best) for p, c in self.capacity.items()}
-
-    def queued_at_common(self) -> dict[str, AtCapacity]:
-        """Work left at the last arrival at the common rate: at equal load, a policy that leaves
-        more has deferred it (at its own capacity, more load alone leaves more)."""
-        return {p: _at_capacity(run, self.bound) for p, run in self.at_common.items()}
 
     def headline(self) -> dict:
         """The ``--json`` line: capacities and ratios under both attainments, and the bound."""
@@ -180,7 +175,7 @@ class Reproduction:
             "bound": asdict(self.bound),
             "at_own_capacity": {p: a.as_dict() for p, a in self.at_own.items()},
             "common_rate_rps": self.common_scale * self.base.trace.mean_rate,
-            "at_common_rate": {p: a.as_dict() for p, a in self.queued_at_common().items()},
+            "at_common_rate": {p: a.as_dict() for p, a in self.at_common.items()},
             "sensitivity": {s.title: {"capacity_rps": s.capacity, "stream_capacity_rps": s.stream,
                                       "bound_rps": s.bound} for s in self.studies},
             "slack": self.slack,
@@ -202,18 +197,18 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     bound = bound_of(base)
     curve = attainment_curves(base, caps, processes, label)
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
-    return Reproduction(base, caps, common, {p: runs[(p, "common")] for p in names}, curve,
-                        studies, slack_budget(base), bound,
-                        {p: _at_capacity(runs[(p, "own")], bound) for p in names})
+    return Reproduction(base, caps, common, {p: _at_rate(runs[(p, "common")], bound) for p in names},
+                        curve, studies, slack_budget(base), bound,
+                        {p: _at_rate(runs[(p, "own")], bound) for p in names})
 
 
-def _at_capacity(run: SimResult, bound: WorkBound) -> AtCapacity:
+def _at_rate(run: SimResult, bound: WorkBound) -> AtRate:
     """The work left when the last request arrives, priced like the bound."""
     last = max(r.arrival for r in run.requests)
     latency = run.experiment.cluster.reference
     left, total = queued_work(run.requests, latency, bound.batch, last)
     missed, _ = queued_work([r for r in run.requests if miss_cause(r)], latency, bound.batch, last)
-    return AtCapacity(run, left, total, missed)
+    return AtRate(run, left, total, missed)
 
 
 def attainment_curves(base: Experiment, caps: dict[str, PolicyCapacity], processes: int,

@@ -176,13 +176,32 @@ def test_chunked_multiplexing_keeps_tpot_of_every_request_it_touches_with_exact_
         assert all(end - start <= req.slo.tpot * (1 + 1e-9) for req, _ in decoding)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 5000), st.floats(0, 1e-3), st.floats(0, 1e-7), st.floats(0, 2.0))
-def test_largest_chunk_is_the_last_chunk_within_the_limit(most, linear, quadratic, limit):
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5000), st.floats(0, 1e-3), st.floats(0, 1e-7), st.floats(0, 2.0),
+       st.integers(0, 6000))
+def test_largest_chunk_is_the_last_chunk_within_the_limit(most, linear, quadratic, limit, near):
     def time_of(n):
         return 0.01 + linear * n + quadratic * n * n
-    chunk = largest_chunk(most, time_of, limit)
+    chunk = largest_chunk(most, time_of, limit, near)
     assert chunk == max((n for n in range(1, most + 1) if time_of(n) <= limit), default=0)
+
+
+def test_largest_chunk_from_a_good_guess_prices_two_chunks():
+    """Consecutive chunks of a prompt differ by a few tokens: starting from the last one, the
+    search needs only that chunk and its neighbour when the guess is right."""
+    priced = []
+
+    def time_of(n):
+        priced.append(n)
+        return 0.01 + 1e-4 * n + 1e-8 * n * n
+
+    answer = largest_chunk(4096, time_of, 0.05)
+    priced.clear()
+    assert largest_chunk(4096, time_of, 0.05, near=answer) == answer
+    assert sorted(priced) == [answer, answer + 1]
+    priced.clear()
+    assert largest_chunk(4096, time_of, 0.05, near=answer + 7) == answer
+    assert len(priced) <= 4
 
 
 def test_chunked_multiplexing_prices_a_long_prompt_by_its_attention_work():

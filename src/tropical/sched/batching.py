@@ -86,7 +86,8 @@ def _chunk(worker: WorkerState, shape: BatchShape, new: int, cached: int, limit:
     def time_of(n: int) -> float:
         return worker.latency.iteration_time(shape.plus_prefill(n, cached))
 
-    return largest_chunk(new - 1, time_of, limit)
+    worker.last_chunk = largest_chunk(new - 1, time_of, limit, worker.last_chunk)
+    return worker.last_chunk
 
 
 def _tpot_limit(worker: WorkerState, batch: Batch, now: float, rule: SlackRule) -> float | None:

@@ -34,8 +34,9 @@ class Chunk:
     overhead: float
 
     @classmethod
-    def of(cls, worker: WorkerState, decode: BatchShape, limit: float) -> Chunk:
-        """The largest chunk beside ``decode`` within ``limit`` seconds (zero tokens if none)."""
+    def of(cls, worker: WorkerState, decode: BatchShape, limit: float, near: int = 0) -> Chunk:
+        """The largest chunk beside ``decode`` within ``limit`` seconds (zero tokens if none);
+        ``near``: where the search starts (see ``largest_chunk``)."""
         priced: dict[int, float] = {}
 
         def time_of(n: int) -> float:
@@ -44,7 +45,7 @@ class Chunk:
                 priced[n] = worker.latency.iteration_time(decode.plus_prefill(n, 0))
             return priced[n]
 
-        tokens = largest_chunk(worker.rules.token_budget - decode.decode_count, time_of, limit)
+        tokens = largest_chunk(worker.rules.token_budget - decode.decode_count, time_of, limit, near)
         if tokens == 0:
             return cls(0, 0.0, 0.0, 0.0)
         base = worker.latency.iteration_time(decode)
@@ -95,19 +96,25 @@ class Lineup:
 
     def keeps_promises(self, chunk: Chunk, start: float, req: Request, ahead: int) -> bool:
         """Would every prompt behind ``req`` (placed after ``ahead`` prompts) that meets its
-        TTFT SLO without ``req`` still meet it with ``req`` run ahead of it?"""
-        after = self.prefixes[ahead].plus(req, self.worker)
+        TTFT SLO without ``req`` still meet it with ``req`` run ahead of it? (Only those that do
+        are priced with ``req``: the sums are integers, so adding it last gives the same.)"""
+        done = self._done_of(chunk, start)
         for j in range(ahead, len(self.order)):
             other = self.order[j]
-            after = after.plus(other, self.worker)
             deadline = other.arrival + other.slo.ttft
-            if chunk.finish(self.worker, after, start) > deadline >= self._done_at(chunk, start, j + 1):
+            alone = done[j + 1]
+            if alone is None:
+                alone = done[j + 1] = chunk.finish(self.worker, self.prefixes[j + 1], start)
+            if deadline < alone:
+                continue
+            if chunk.finish(self.worker, self.prefixes[j + 1].plus(req, self.worker), start) > deadline:
                 return False
         return True
 
-    def _done_at(self, chunk: Chunk, start: float, count: int) -> float:
-        """When the first ``count`` prompts of the lineup would be done, fed in ``chunk``s."""
-        done = self._done.setdefault((chunk, start), [None] * len(self.prefixes))
-        if done[count] is None:
-            done[count] = chunk.finish(self.worker, self.prefixes[count], start)
-        return done[count]
+    def _done_of(self, chunk: Chunk, start: float) -> list[float | None]:
+        """When the first ``count`` prompts of the lineup would be done, fed in ``chunk``s from
+        ``start``, by ``count``: filled in as candidates ask (None: not priced yet)."""
+        done = self._done.get((chunk, start))
+        if done is None:
+            done = self._done[(chunk, start)] = [None] * len(self.prefixes)
+        return done

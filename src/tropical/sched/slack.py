@@ -73,34 +73,38 @@ class TpotBudget:
         return self.min_tpot if rule is SlackRule.ITERATION else self.deadline - start
 
 
-def largest_chunk(most: int, time_of: Callable[[int], float], limit: float) -> int:
+def largest_chunk(most: int, time_of: Callable[[int], float], limit: float, near: int = 0) -> int:
     """The most prompt tokens, up to ``most``, whose iteration takes at most ``limit`` (0 if
-    none). Iteration time grows with the chunk, nearly linearly, so each round guesses by
-    interpolation and checks the neighbour across the line: a few predictions, not log(most)."""
+    none). Iteration time grows with the chunk, nearly linearly, so each round guesses along
+    the line (through both ends of the bracket once known, else along the slope just priced)
+    and checks the neighbour across it: a few predictions, not log(most). ``near``: a guess to
+    start from, such as the chunk the worker's previous iteration took; a good one settles
+    the search with two predictions. The answer does not depend on it."""
     if most < 1:
         return 0
-    t_lo = time_of(1)
-    if t_lo > limit:
-        return 0
-    t_hi = time_of(most)
-    if t_hi <= limit:
-        return most
-    lo, hi = 1, most
+    lo, hi = 0, most + 1                       # t(lo) <= limit < t(hi); the ends stand for "unknown"
+    t_lo = t_hi = 0.0
+    guess = min(near, most) if near > 0 else most
     while hi - lo > 1:
-        guess = lo + int((limit - t_lo) / (t_hi - t_lo) * (hi - lo)) if t_hi > t_lo else lo + 1
-        mid = min(hi - 1, max(lo + 1, guess))
-        t_mid = time_of(mid)
-        if t_mid <= limit:
-            lo, t_lo = mid, t_mid
-            if mid + 1 < hi and (t_next := time_of(mid + 1)) > limit:
-                hi = mid + 1
-            elif mid + 1 < hi:
-                lo, t_lo = mid + 1, t_next
-        else:
-            hi, t_hi = mid, t_mid
-            if mid - 1 > lo and (t_prev := time_of(mid - 1)) <= limit:
-                lo = mid - 1
-                break
-            if mid - 1 > lo:
-                hi, t_hi = mid - 1, t_prev
+        n = min(hi - 1, max(lo + 1, guess))
+        t = time_of(n)
+        side = n + 1 if t <= limit else n - 1
+        lo, t_lo, hi, t_hi = (n, t, hi, t_hi) if t <= limit else (lo, t_lo, n, t)
+        slope = 0.0
+        if lo < side < hi:
+            t_side = time_of(side)
+            slope = abs(t_side - t)
+            lo, t_lo, hi, t_hi = (side, t_side, hi, t_hi) if t_side <= limit else (lo, t_lo, side, t_side)
+        guess = _next_guess(lo, t_lo, hi, t_hi, most, slope, limit)
     return lo
+
+
+def _next_guess(lo: int, t_lo: float, hi: int, t_hi: float, most: int, slope: float,
+                limit: float) -> int:
+    """Where the line crosses ``limit``: between both ends of the bracket when both are priced,
+    else from the known end along ``slope`` (or the far end of the range without one)."""
+    if lo > 0 and hi <= most:
+        return lo + int((limit - t_lo) / (t_hi - t_lo) * (hi - lo)) if t_hi > t_lo else lo + 1
+    if lo > 0:
+        return lo + int((limit - t_lo) / slope) if slope > 0 else most
+    return hi - 1 - int((t_hi - limit) / slope) if slope > 0 else 1

@@ -90,6 +90,7 @@ class TropicalPolicy(Policy):
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
         self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
+        self._last_chunk: dict[int, int] = {}
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._lineups: dict[int, Lineup] = {}
@@ -331,15 +332,17 @@ class TropicalPolicy(Policy):
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
         once per decode batch and 1% band of limits (priced at the band's floor, the safe
-        side), so candidates with slightly different SLOs share it."""
+        side), so candidates with slightly different SLOs share it. Its search starts from the
+        worker's last chunk: a decode batch grows a little between two of them."""
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
-        if band is not None:
-            limit = math.exp(band * _BAND)
-        decode = BatchShape.decode(nxt.decode_count, nxt.decode_context)
-        key = (worker.id, band, decode.decode_count, decode.decode_context)
-        if key not in self._chunks:
-            self._chunks[key] = Chunk.of(worker, decode, limit)
-        return self._chunks[key]
+        key = (worker.id, band, nxt.decode_count, nxt.decode_context)
+        chunk = self._chunks.get(key)
+        if chunk is None:
+            floor = limit if band is None else math.exp(band * _BAND)
+            decode = BatchShape.decode(nxt.decode_count, nxt.decode_context)
+            chunk = self._chunks[key] = Chunk.of(worker, decode, floor, self._last_chunk.get(worker.id, 0))
+            self._last_chunk[worker.id] = chunk.tokens
+        return chunk
 
     def _forget_chunks(self) -> None:
         """Chunks are kept per decode batch, which many decisions share (arrivals within one

@@ -29,7 +29,9 @@ class WorkerState:
 
     ``waiting`` changes only through these methods, which count their edits (``queued_costs``
     keeps its prices until the next one). ``decode_context`` and ``decode_peak`` sum the running
-    requests' contexts now and at their longest (``kv_tokens``).
+    requests' contexts now and at their longest (``kv_tokens``). ``last_chunk`` is the chunk
+    batch formation last cut here: where its next search starts (consecutive chunks of a
+    prompt differ by a few tokens).
     """
 
     id: int
@@ -52,6 +54,7 @@ class WorkerState:
     inflight: dict[int, int] = field(default_factory=dict)
     queued_work: float = 0.0
     alive: bool = True
+    last_chunk: int = 0
     gaps: TokenGaps = field(default_factory=TokenGaps)
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)

@@ -205,3 +205,19 @@ def test_peak_context_sums_the_running_requests_at_their_longest():
     worker.advance_decodes(2, now=1.0)
     worker.abort(cut)
     assert worker.decode_peak == long.kv_tokens
+
+
+def test_min_tpot_follows_the_running_batch_through_joins_finishes_and_aborts():
+    worker = make_worker()
+    assert worker.min_tpot() == float("inf")
+    loose, tight, middle = (make_request(i, output=out, tpot=tpot)
+                            for i, out, tpot in ((0, 10, 0.2), (1, 3, 0.05), (2, 10, 0.1)))
+    start_decoding(worker, loose)
+    assert worker.min_tpot() == 0.2
+    start_decoding(worker, tight)
+    start_decoding(worker, middle)
+    assert worker.min_tpot() == 0.05
+    worker.advance_decodes(2, now=1.0)             # the tight one finishes
+    assert worker.min_tpot() == 0.1
+    worker.abort(middle)
+    assert worker.min_tpot() == 0.2

@@ -13,7 +13,8 @@ requests; a ``Decoding`` for each is built only for the callers that read them o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
@@ -25,9 +26,10 @@ from tropical.sched.worker import WorkerState
 class NextIteration:
     """The decodes and queued prefills of ``worker``'s next iteration, and when it starts.
 
-    The decodes are ``running`` (each with ``steps - step_base`` tokens by then) and
-    ``joining`` (the others, each with its own count). A value (not frozen: one is built per
-    worker and scheduling round, and a frozen one costs several times as much to build).
+    The decodes are ``running`` (each with ``steps - step_base`` tokens by then; the tightest
+    TPOT SLO among them is ``running_tpot``) and ``joining`` (the others, each with its own
+    count). A value (not frozen: one is built per worker and scheduling round, and a frozen
+    one costs several times as much to build).
     """
 
     start: float
@@ -37,9 +39,10 @@ class NextIteration:
     joining: tuple[Decoding, ...]
     decode_context: int
     queued: tuple[Request, ...]
-    budget: TpotBudget
+    running_tpot: float
     peak_context: int = 0
     carried: tuple[tuple[Request, int], ...] = ()
+    _budget: TpotBudget | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, worker: WorkerState, now: float) -> NextIteration:
@@ -60,14 +63,28 @@ class NextIteration:
         for d in joining:
             context += d.request.prompt_len + d.generated
             peak += d.request.kv_tokens
-        terms = [(r.slo.tpot, r.first_token, steps - r.step_base) for r in running]
-        terms += [(d.request.slo.tpot, d.first_token, d.generated) for d in joining]
         return cls(start, busy, running, steps, tuple(joining), context, tuple(worker.queued()),
-                   TpotBudget.of_terms(terms), peak, tuple(carried))
+                   worker.min_tpot(), peak, tuple(carried))
 
     @property
     def decode_count(self) -> int:
         return len(self.running) + len(self.joining)
+
+    @property
+    def min_tpot(self) -> float:
+        """The tightest TPOT SLO among the decodes (inf if none): all the per-iteration rule
+        reads, without a pass over the running batch."""
+        return min(self.running_tpot, min((d.request.slo.tpot for d in self.joining), default=math.inf))
+
+    @property
+    def budget(self) -> TpotBudget:
+        """The decodes' TPOT budget under both rules, priced on first use (the banked rule's
+        deadline needs every running request's progress)."""
+        if self._budget is None:
+            terms = [(r.slo.tpot, r.first_token, self.steps - r.step_base) for r in self.running]
+            terms += [(d.request.slo.tpot, d.first_token, d.generated) for d in self.joining]
+            self._budget = TpotBudget.of_terms(terms)
+        return self._budget
 
     @property
     def decodes(self) -> tuple[Decoding, ...]:

@@ -298,7 +298,7 @@ class TropicalPolicy(Policy):
         if not self._room_for(worker, prefills):
             return None
         if self.toggle.chunked:
-            limit = min(nxt.budget.min_tpot, req.slo.tpot)
+            limit = min(nxt.min_tpot, req.slo.tpot)
             if not self._decodes_fit(worker, nxt, prefills, limit):
                 return None
             return self._chunked_finish(req, worker, nxt, limit, now)
@@ -405,7 +405,7 @@ class TropicalPolicy(Policy):
     def _joins_in_time(self, req: Request, worker: WorkerState, now: float) -> bool:
         nxt = NextIteration.of(worker, now)
         if self.toggle.chunked:
-            limit = min(nxt.budget.min_tpot, req.slo.tpot)
+            limit = min(nxt.min_tpot, req.slo.tpot)
             return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)
         joined = replace(nxt, joining=(*nxt.joining, Decoding(req, req.generated, req.first_token)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)

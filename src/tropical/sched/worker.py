@@ -9,6 +9,7 @@ advances one at a time. Both call the same methods.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
@@ -59,6 +60,8 @@ class WorkerState:
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
     _queue_edits: int = 0
+    _min_tpot: tuple[int, float] = (-1, math.inf)
+    _batch_edits: int = 0
     _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...]] = (-1, 0, ())
 
     @property
@@ -74,6 +77,15 @@ class WorkerState:
     @property
     def batch_size(self) -> int:
         return len(self.running)
+
+    def min_tpot(self) -> float:
+        """The tightest TPOT SLO among the running requests (inf if none); kept until the batch
+        changes, since every planned iteration of a decoding worker asks for it."""
+        edits, tightest = self._min_tpot
+        if edits != self._batch_edits:
+            tightest = min((r.slo.tpot for r in self.running.values()), default=math.inf)
+            self._min_tpot = (self._batch_edits, tightest)
+        return tightest
 
     def generated(self, req: Request) -> int:
         """Output tokens ``req`` has so far; exact even in the middle of a lazy decode run."""
@@ -192,6 +204,7 @@ class WorkerState:
         req.step_base = self.steps - req.generated
         req.decode_worker = self.id
         self.running[req.id] = req
+        self._batch_edits += 1
         self.decode_context += req.prompt_len + req.generated
         self.decode_peak += req.kv_tokens
         self.running_remaining += req.output_len - req.generated
@@ -231,6 +244,7 @@ class WorkerState:
         while self._finishes and self._finishes[0][0] <= self.steps:
             _, _, req = heapq.heappop(self._finishes)
             del self.running[req.id]
+            self._batch_edits += 1
             self.decode_context -= req.prompt_len + req.output_len
             self.decode_peak -= req.kv_tokens
             req.generated = req.output_len
@@ -291,6 +305,7 @@ class WorkerState:
         if req.id in self.running:
             req.generated = self.generated(req)
             del self.running[req.id]
+            self._batch_edits += 1
             self.decode_context -= req.prompt_len + req.generated
             self.decode_peak -= req.kv_tokens
             self.running_remaining -= req.output_len - req.generated

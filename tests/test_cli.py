@@ -169,7 +169,9 @@ def test_profile_writes_a_profile_the_simulator_loads(capsys, tmp_path, monkeypa
     profile = load_profile(out)
     one, eight = (profile.iteration_time(BatchShape.decode(n, n * 128)) for n in (1, 8))
     short, long = (profile.iteration_time(BatchShape.prefill(n)) for n in (16, 512))
-    assert 0 < one < eight and 0 < short < long, "the measured profile must price more work as longer"
+    # the fit is non-negative, so more work is never cheaper; a tiny model's decode batch of
+    # 8 may cost no more than 1 within the timing noise of a loaded machine, a 32x prompt must
+    assert 0 < one <= eight and 0 < short < long, "the measured profile must price more work as longer"
 
 
 def test_export_writes_a_directory_that_serves_like_the_model(capsys, tmp_path, monkeypatch):

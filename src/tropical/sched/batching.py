@@ -9,7 +9,6 @@ batch forms.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.shape import BatchShape
@@ -95,10 +94,10 @@ def _tpot_limit(worker: WorkerState, batch: Batch, now: float, rule: SlackRule) 
     """The longest the iteration may take under ``rule`` (None: nobody waits on it). The
     per-iteration rule needs only the tightest SLO, not each request's progress."""
     if rule is SlackRule.ITERATION:
-        waiting = _prospective(worker, batch, now) if worker.rules.chunked else []
-        if not worker.running and not waiting:
-            return None
-        return min(worker.min_tpot(), min((d.request.slo.tpot for d in waiting), default=math.inf))
+        tpots = [d.request.slo.tpot for d in _prospective(worker, batch, now)] if worker.rules.chunked else []
+        if worker.running:
+            tpots.append(worker.min_tpot())
+        return min(tpots, default=None)
     decoding = [Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values()]
     if worker.rules.chunked:
         decoding += _prospective(worker, batch, now)

@@ -71,8 +71,9 @@ def test_migrated_request_joins_only_when_admitted():
     req = make_request(output=5)
     req.generated = 1
     worker.expect_migration(req)
+    assert worker.incoming_tokens == 4
     worker.arrive_migrated(req)
-    assert worker.batch_size == 0
+    assert worker.batch_size == 0 and worker.incoming_tokens == 4
     worker.admit_inbox()
     assert worker.batch_size == 1 and worker.incoming_tokens == 0
 

@@ -14,21 +14,18 @@ from tropical.sched.slack import SlackRule
 
 
 class Role(str, Enum):
-    """A worker's job in the cluster."""
+    """A worker's job in the cluster: whether it ``decodes`` (all but prefill workers) and
+    whether it ``takes_arrivals`` (a fresh request can be prefilled there; decode workers only
+    receive migrations). Both are set once per role: the schedulers ask at every decision."""
 
     PREFILL = "prefill"
     DECODE = "decode"
     MULTIPLEX = "multiplex"
     COLOCATED = "colocated"
 
-    @property
-    def decodes(self) -> bool:
-        return self is not Role.PREFILL
-
-    @property
-    def takes_arrivals(self) -> bool:
-        """Can a fresh request be prefilled here (decode workers only receive migrations)?"""
-        return self is not Role.DECODE
+    def __init__(self, value: str) -> None:
+        self.decodes = value != "prefill"
+        self.takes_arrivals = value != "decode"
 
 
 @dataclass(frozen=True, slots=True)

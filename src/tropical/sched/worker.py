@@ -60,6 +60,7 @@ class WorkerState:
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
     _queue_edits: int = 0
+    _incoming_tokens: int = 0
     _min_tpot: tuple[int, float] = (-1, math.inf)
     _batch_edits: int = 0
     _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...]] = (-1, 0, ())
@@ -71,8 +72,9 @@ class WorkerState:
 
     @property
     def incoming_tokens(self) -> int:
-        """Output tokens still to generate by requests whose KV is on its way here."""
-        return sum(r.output_len - r.generated for r in self.incoming.values())
+        """Output tokens still to generate by requests whose KV is on its way here (kept as
+        ``incoming`` changes: every dispatch by load reads it for every worker)."""
+        return self._incoming_tokens
 
     @property
     def batch_size(self) -> int:
@@ -195,7 +197,17 @@ class WorkerState:
         """Reserve room for a request whose KV is on its way here."""
         if not self.reserve(req):
             raise MemoryError(f"worker {self.id} has no room for request {req.id}")
+        self.expect_landing(req)
+
+    def expect_landing(self, req: Request) -> None:
+        """Count ``req`` among the requests whose KV is on its way here (its room held)."""
         self.incoming[req.id] = req
+        self._incoming_tokens += req.output_len - req.generated
+
+    def _landed(self, req: Request) -> None:
+        """``req`` is no longer on its way here (it landed, or left)."""
+        if self.incoming.pop(req.id, None) is not None:
+            self._incoming_tokens -= req.output_len - req.generated
 
     def join(self, req: Request) -> None:
         """Start decoding ``req`` here (after its prefill, or when its migrated KV arrives)."""
@@ -218,7 +230,7 @@ class WorkerState:
     def admit_inbox(self) -> None:
         """Join every landed request; call only between iterations."""
         for req in self.inbox:
-            del self.incoming[req.id]
+            self._landed(req)
             self.join(req)
         self.inbox.clear()
 
@@ -289,7 +301,7 @@ class WorkerState:
     def abort(self, req: Request) -> None:
         """Drop ``req`` from this worker wherever it is (queued, decoding, or migrating in, landed
         or not), freeing its KV."""
-        self.incoming.pop(req.id, None)
+        self._landed(req)
         if req in self.inbox:
             self.inbox.remove(req)
         if req in self.waiting:

@@ -51,7 +51,7 @@ class Shadow:
     def expect(self, req: Request) -> None:
         """A hand-off to this instance begins: room for ``req``'s KV is reserved."""
         self._hold(req)
-        self.state.incoming[req.id] = req
+        self.state.expect_landing(req)
 
     def landed(self, req: Request, now: float) -> None:
         """The first decode token of a handed-off request arrived: it decodes here now."""
@@ -78,9 +78,6 @@ class Shadow:
     def dropped(self, req: Request, now: float) -> None:
         """``req`` ended or left this instance: forget it and free its room."""
         state = self.state
-        state.incoming.pop(req.id, None)
-        if req in state.inbox:
-            state.inbox.remove(req)
         state.abort(req)
         self.prefill_since.pop(req.id, None)
         self._replan(now)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.limit <= SMALL:
         parser.error(f"--limit must exceed {SMALL}, the size whose count is subtracted")
+    if shutil.which("valgrind") is None:
+        parser.error("valgrind is not installed (apt-get install valgrind)")
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base],

@@ -1,10 +1,12 @@
 """The toggle's view of a multiplexing worker's next iteration while a prompt is chunked."""
 
+from dataclasses import replace
+
 from tests.factories import make_request, make_worker, start_decoding
 from tropical.sched.batching import form_batch
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import TpotBudget
+from tropical.sched.slack import Decoding, TpotBudget
 
 CHUNKED = BatchRules(prefill_first=False, chunked=True, token_budget=512)
 
@@ -59,3 +61,17 @@ def test_the_sums_match_the_decodes_one_by_one():
         assert nxt.decode_context == sum(d.request.prompt_len + d.generated for d in decodes)
         assert nxt.peak_context == sum(d.request.kv_tokens for d in decodes)
         assert nxt.budget == TpotBudget.of(decodes)
+        assert nxt.min_tpot == min(d.request.slo.tpot for d in decodes) == nxt.budget.min_tpot
+
+
+def test_a_copy_with_another_request_joining_prices_its_own_budget():
+    """The tightest TPOT SLO and the budget are kept once asked for; a copy with one more
+    request joining (how the toggle tries a decode destination) must not inherit them."""
+    worker, _, _ = busy_worker(prompt=300)
+    nxt = NextIteration.of(worker, 0.05)
+    loose = nxt.min_tpot, nxt.budget
+    tight = make_request(2, prompt=10, output=5, tpot=0.01)
+    tight.first_token, tight.generated = 0.0, 1
+    joined = replace(nxt, joining=(*nxt.joining, Decoding(tight, 1, 0.0)))
+    assert joined.min_tpot == joined.budget.min_tpot == 0.01 < loose[0]
+    assert (nxt.min_tpot, nxt.budget) == loose

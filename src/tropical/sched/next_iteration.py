@@ -43,6 +43,7 @@ class NextIteration:
     peak_context: int = 0
     carried: tuple[tuple[Request, int], ...] = ()
     _budget: TpotBudget | None = field(default=None, init=False, repr=False, compare=False)
+    _min_tpot: float | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, worker: WorkerState, now: float) -> NextIteration:
@@ -73,8 +74,11 @@ class NextIteration:
     @property
     def min_tpot(self) -> float:
         """The tightest TPOT SLO among the decodes (inf if none): all the per-iteration rule
-        reads, without a pass over the running batch."""
-        return min(self.running_tpot, min((d.request.slo.tpot for d in self.joining), default=math.inf))
+        reads, without a pass over the running batch; kept, since every candidate asks."""
+        if self._min_tpot is None:
+            self._min_tpot = min(self.running_tpot,
+                                 min((d.request.slo.tpot for d in self.joining), default=math.inf))
+        return self._min_tpot
 
     @property
     def budget(self) -> TpotBudget:

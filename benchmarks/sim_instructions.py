@@ -5,7 +5,9 @@ Usage: python benchmarks/sim_instructions.py --base REV [--policies tropical,tro
 
 Wall time on a shared machine moves by a third between two runs of the same code, which hides
 the 5-20% a change to the simulator's hot path buys. Instructions counted under valgrind
-(``apt-get install valgrind``) do not move with the neighbours' load. Each cell runs the
+(``apt-get install valgrind``) do not move with the neighbours' load; they still moved by up to
+3% between two runs of the same code here (object addresses, which set and dict layouts follow,
+differ from run to run), so read differences of a few percent as none. Each cell runs the
 simulator on the first ``--limit`` requests and on the first 50 of the conversation trace on
 the paper cluster, in this tree and in a worktree of ``--base``; the difference between the two
 sizes is the simulation's own count (start-up and loading cancel). Slow: valgrind runs Python
@@ -30,6 +32,9 @@ SMALL = 50
 ENV = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 """Fixed string hashes (else counts move by about 1.5%), and every run compiles what it imports
 alike (a first run that writes bytecode would count its compilation alone)."""
+BASE = Path(tempfile.gettempdir()) / "tropical-sim-instructions-base"
+"""Where ``--base`` is checked out: the same path every time, since the paths on ``sys.path`` are
+hashed too (a fresh temporary name moved the counts by up to 1%)."""
 RUN = """
 import sys
 from tropical.config import SimConfig
@@ -72,16 +77,16 @@ def main() -> None:
         parser.error(f"--limit must exceed {SMALL}, the size whose count is subtracted")
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt-get install valgrind)")
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base],
+    base = BASE
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base],
+                   check=True, capture_output=True)
+    try:
+        counts = {p: (simulated(base / "src", p, args), simulated(ROOT / "src", p, args))
+                  for p in args.policies.split(",")}
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                        check=True, capture_output=True)
-        try:
-            counts = {p: (simulated(base / "src", p, args), simulated(ROOT / "src", p, args))
-                      for p in args.policies.split(",")}
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=True, capture_output=True)
     if args.json:
         print(json.dumps({p: {"base": b, "tree": t, "ratio": b / t} for p, (b, t) in counts.items()}))
         return

@@ -183,6 +183,26 @@ def test_queued_costs_follow_every_change_of_the_queue():
 
 
 
+def test_queued_costs_stand_through_edits_that_leave_the_priced_prompts_as_they_were():
+    from tropical.sched.batching import form_batch
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, token_budget=150))
+    reqs = [make_request(i, prompt=100) for i in range(5)]
+    for req in reqs[:4]:
+        worker.enqueue(req)
+    form_batch(worker)                                          # reqs[0] runs; 1, 2 priced
+    priced = worker.queued_costs(2)
+    worker.enqueue(reqs[4])                                     # joins behind them
+    assert worker.queued_costs(2) is priced
+    worker.complete_prefill(reqs[0], 100, now=1.0)              # the batch in flight leaves
+    assert worker.queued_costs(2) is priced
+    worker.abort(reqs[3])
+    assert [r.id for r, _ in worker.queued_costs(2)] == [1, 2]
+    worker.enqueue(make_request(9, prompt=100))                 # the priced list was not full
+    assert [r.id for r, _ in worker.queued_costs(3)] == [1, 2, 4]
+
+
 def test_queued_costs_reprice_a_prompt_once_a_chunk_of_it_ran():
     from tropical.sched.batching import form_batch
     from tropical.sched.rules import BatchRules

@@ -1,26 +1,32 @@
-"""Whether a prefill queue holds a prompt that Path 2 could still save, found without adding up
-the whole queue at every iteration end.
+"""Which queued prompts' TTFT is at risk on Path 1, kept between the toggle's questions.
 
 A queued prompt is *at risk* when its predicted Path 1 finish (its worker free from ``start``,
 then every prompt ahead of it, then its own) misses its TTFT SLO, and *doomed* when it would
-miss even if it started now, alone. A doomed prompt is also at risk, and stays doomed as time
-passes; so each prompt of a queue, priced once per queue state, is checked for doom until it
-is, and only the others are checked for risk, against sums of the costs kept from zero. Those
-sums round differently from the toggle's own (added up from ``start``), so a prompt counts as
-safe only by a margin far above any rounding; one in doubt sends the caller to the exact scan.
+miss even if it started now, alone. The toggle asks at every iteration end of every worker,
+for the first ``lookahead`` prompts of every prefill queue; but a prefill queue's answer
+changes only when the queue does or its worker's next start moves (most iteration ends are
+other workers'), and a prompt once doomed stays doomed. So a ``QueueRisk`` keeps one queue's
+at-risk prompts, shortest first, and those of them not yet doomed; and ``AtRisk`` hands the
+toggle the prompts of all queues one at a time, in its order, building only those it takes.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import groupby, repeat
+from operator import itemgetter
+from typing import Generic, TypeVar
 
 from tropical.core.request import Request
 
-MARGIN = 1e-9
-"""Relative margin for "surely not at risk": sums of n costs round by about n·2⁻⁵³ of their
-size, under 1e-10 even for a million prompts."""
+Owner = TypeVar("Owner")
+Priced = tuple[tuple[Request, float], ...]
+"""A queue's first prompts in queue order, each with its predicted prefill time."""
+_Late = tuple[int, int, Request, float, float]
+"""An at-risk prompt: its length, its place in the queue, itself, its cost and its Path 1 finish."""
 
 
 def doomed(req: Request, cost: float, now: float) -> bool:
@@ -28,36 +34,83 @@ def doomed(req: Request, cost: float, now: float) -> bool:
     return now + cost - req.arrival > req.slo.ttft
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class QueueRisk:
-    """One priced queue (``priced``: (prompt, cost) in queue order), the running sums of its
-    costs, and the positions of the prompts not yet doomed at ``since``."""
+    """One priced queue's at-risk prompts with its worker free from ``start`` (``late``, by
+    length then place), and those of them not doomed at ``since`` (``open``, same order)."""
 
-    priced: tuple[tuple[Request, float], ...]
-    totals: list[float]
-    open: list[int]
+    priced: Priced
+    start: float
+    late: list[_Late]
+    open: list[_Late]
     since: float = -math.inf
 
     @classmethod
-    def of(cls, priced: tuple[tuple[Request, float], ...]) -> QueueRisk:
-        return cls(priced, list(accumulate(cost for _, cost in priced)), list(range(len(priced))))
+    def of(cls, priced: Priced, start: float) -> QueueRisk:
+        """Finishes are added up one by one from ``start``, as the toggle has always priced them."""
+        clock, late = start, []
+        for place, (req, cost) in enumerate(priced):
+            clock += cost
+            if clock - req.arrival > req.slo.ttft:
+                late.append((req.prompt_len, place, req, cost, clock))
+        late.sort(key=itemgetter(0))
+        return cls(priced, start, late, late)
 
-    def none_to_save(self, start: float, now: float) -> bool:
-        """True only if no prompt here is at risk without being doomed at ``now`` (its worker
-        free from ``start``); False if one is, or may be."""
+    def kept_for(self, priced: Priced, start: float) -> bool:
+        """Does this still answer for ``priced`` with its worker free from ``start``?"""
+        return self.priced is priced and self.start == start
+
+    def open_at(self, now: float) -> list[_Late]:
+        """The at-risk prompts not doomed at ``now``."""
         if now < self.since:
-            self.open = list(range(len(self.priced)))
-        self.since = now
-        priced, totals = self.priced, self.totals
-        self.open = [i for i in self.open if not doomed(*priced[i], now)]
-        for i in self.open:
-            req = priced[i][0]
-            late = start + totals[i] - req.arrival - req.slo.ttft
-            if late > -MARGIN * (abs(start) + totals[i] + abs(req.arrival) + req.slo.ttft):
-                return False
-        return True
+            self.open = self.late
+        if now != self.since:
+            self.open = [e for e in self.open if not doomed(e[2], e[3], now)]
+            self.since = now
+        return self.open
+
+
+@dataclass(slots=True, eq=False)
+class AtRisk(Generic[Owner]):
+    """The at-risk prompts of several queues (each with its owner, in scan order) at ``now``."""
+
+    queues: Sequence[tuple[Owner, QueueRisk]]
+    now: float
 
     @property
-    def doomed_count(self) -> int:
-        """Prompts doomed at ``since`` (all of them at risk)."""
-        return len(self.priced) - len(self.open)
+    def count(self) -> int:
+        return sum(len(risk.late) for _, risk in self.queues)
+
+    def shortest_first(self, doomed_too: bool) -> Iterator[tuple[Request, Owner, float]]:
+        """The prompts a path may still save, shortest first, ties in scan order; with
+        ``doomed_too`` the doomed ones as well, each after the others of its length."""
+        if doomed_too:
+            entries = self._lost_last(self._merged([risk.late for _, risk in self.queues]))
+        else:
+            entries = self._merged([risk.open_at(self.now) for _, risk in self.queues])
+        return ((e[2], owner, e[4]) for e, owner in entries)
+
+    def doomed(self) -> list[tuple[Request, Owner, float]]:
+        """The doomed prompts, in scan order."""
+        return [(e[2], owner, e[4]) for owner, risk in self.queues
+                for e in sorted(risk.late, key=itemgetter(1)) if doomed(e[2], e[3], self.now)]
+
+    def _merged(self, lists: list[list[_Late]]) -> Iterator[tuple[_Late, Owner]]:
+        """One list per queue, each by length then place, merged by length then queue."""
+        tagged = (zip(entries, repeat(owner)) for entries, (owner, _) in zip(lists, self.queues, strict=True))
+        return heapq.merge(*tagged, key=_length)
+
+    def _lost_last(self, merged: Iterator[tuple[_Late, Owner]]) -> Iterator[tuple[_Late, Owner]]:
+        """``merged`` with each run of one length reordered: the doomed after the others."""
+        for _, run in groupby(merged, key=_length):
+            same = list(run)
+            if len(same) == 1:
+                yield same[0]
+                continue
+            lost = [doomed(e[2], e[3], self.now) for e, _ in same]
+            yield from (t for t, gone in zip(same, lost, strict=True) if not gone)
+            yield from (t for t, gone in zip(same, lost, strict=True) if gone)
+
+
+def _length(tagged: tuple[_Late, object]) -> int:
+    return tagged[0][0]

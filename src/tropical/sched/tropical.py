@@ -12,7 +12,7 @@ their TTFT is at risk and some multiplexing worker has the slack.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tropical.core.latency.model import prefill_time
@@ -25,7 +25,7 @@ from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
-from tropical.sched.risk import QueueRisk, doomed
+from tropical.sched.risk import AtRisk, QueueRisk
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget
@@ -143,28 +143,30 @@ class TropicalPolicy(Policy):
         Any event may decide a move: it is priced on the target's *next* iteration, which the
         substrate starts at that worker's next boundary. Shortest prompts go first; the first
         that fits nowhere ends the round, since a longer prompt stretches an iteration (and
-        needs KV) at least as much.
+        needs KV) at least as much. Doomed requests (they would miss their TTFT even if their
+        prefill started right now, alone, so no path saves them) are tried by the paper's
+        toggle, each after the others of its length; chunked multiplexing leaves them, and
+        demotion lets them yield.
         """
         prefill, multiplex = _split(workers)
-        hopeful, hopeless, at_risk = self._queued_at_risk(prefill, now)
+        at_risk = self._queued_at_risk(prefill, now)
         self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
-        if not self.toggle.chunked and not self.toggle.demote_doomed:
-            hopeful = hopeful + hopeless
-        moves = self._multiplex_at_risk(hopeful, multiplex, now)
+        doomed_too = not self.toggle.chunked and not self.toggle.demote_doomed
+        moves = self._multiplex_at_risk(at_risk.shortest_first(doomed_too), multiplex, now)
         if self.toggle.flex:
-            self._roles.update(workers, now, len(moves) < at_risk,
+            self._roles.update(workers, now, len(moves) < at_risk.count,
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
         if not self.toggle.demote_doomed:
             return moves
-        return moves + [self._demoted(req, source) for req, source, _ in hopeless
+        return moves + [self._demoted(req, source) for req, source, _ in at_risk.doomed()
                         if req.id not in self._demoted_ids]
 
-    def _multiplex_at_risk(self, at_risk: list[_AtRisk],
+    def _multiplex_at_risk(self, at_risk: Iterable[_AtRisk],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
-        for req, source, finish in sorted(at_risk, key=lambda x: x[0].prompt_len):
+        for req, source, finish in at_risk:
             options = [(done, w.id, w) for w in multiplex
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
@@ -238,40 +240,21 @@ class TropicalPolicy(Policy):
         finish, _, worker = min(options)
         return worker, finish
 
-    def _queued_at_risk(self, prefill: list[WorkerState],
-                        now: float) -> tuple[list[_AtRisk], list[_AtRisk], int]:
-        """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO: those
-        a path may still save, those that are doomed (they would miss their TTFT even if their
-        prefill started right now, alone, so no path saves them: chunked multiplexing does not
-        try, and demotion lets them yield), and how many are at risk in all. Where the doomed
-        are only counted (chunked multiplexing without demotion), a queue with none to save is
-        passed over without a scan (see risk.py).
+    def _queued_at_risk(self, prefill: list[WorkerState], now: float) -> AtRisk[WorkerState]:
+        """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO.
 
         Only the first ``lookahead`` of each queue are examined: deeper ones get their turn as
         the queue drains, and the scan stays cheap under overload.
         """
-        hopeful: list[_AtRisk] = []
-        hopeless: list[_AtRisk] = []
-        passed = 0
-        count_only = self.toggle.chunked and not self.toggle.demote_doomed
-        for worker in prefill:
-            start = max(now, worker.busy_until)
-            priced = worker.queued_costs(self.toggle.lookahead)
-            if count_only and (risk := self._risk_of(worker, priced)).none_to_save(start, now):
-                passed += risk.doomed_count
-                continue
-            clock = start
-            for req, cost in priced:
-                clock += cost
-                if clock - req.arrival > req.slo.ttft:
-                    (hopeless if doomed(req, cost, now) else hopeful).append((req, worker, clock))
-        return hopeful, hopeless, len(hopeful) + len(hopeless) + passed
+        return AtRisk([(w, self._risk_of(w, now)) for w in prefill], now)
 
-    def _risk_of(self, worker: WorkerState, priced: tuple[tuple[Request, float], ...]) -> QueueRisk:
-        """The risk view of ``worker``'s queue, kept while its queue stays as priced."""
+    def _risk_of(self, worker: WorkerState, now: float) -> QueueRisk:
+        """The at-risk view of ``worker``'s queue, kept while its queue and next start stay."""
+        priced = worker.queued_costs(self.toggle.lookahead)
+        start = max(now, worker.busy_until)
         risk = self._risks.get(worker.id)
-        if risk is None or risk.priced is not priced:
-            risk = self._risks[worker.id] = QueueRisk.of(priced)
+        if risk is None or not risk.kept_for(priced, start):
+            risk = self._risks[worker.id] = QueueRisk.of(priced, start)
         return risk
 
     @staticmethod

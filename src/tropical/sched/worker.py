@@ -119,6 +119,15 @@ class WorkerState:
         stop = None if limit is None else self.batch_prefills + limit
         return list(islice(self.waiting, self.batch_prefills, stop))
 
+    def _queue_edited(self, slot: int) -> None:
+        """Count an edit of ``waiting`` at ``slot``. One behind the prompts ``queued_costs``
+        priced, with as many of them as it asked for, leaves those prices standing (under
+        overload most arrivals join a queue far longer than the toggle looks)."""
+        edits, depth, costs = self._priced_queue
+        self._queue_edits += 1
+        if edits == self._queue_edits - 1 and len(costs) == depth and slot >= self.batch_prefills + depth:
+            self._priced_queue = (self._queue_edits, depth, costs)
+
     def queued_costs(self, limit: int) -> tuple[tuple[Request, float], ...]:
         """The first ``limit`` queued requests with their ``prefill_cost``; the toggle scans
         them at every iteration end, so they are kept until the queue changes."""
@@ -159,11 +168,9 @@ class WorkerState:
 
     def enqueue(self, req: Request) -> None:
         """Accept a request whose prompt this worker will prefill (at the back, or by laxity)."""
-        if self.rules.laxity:
-            self.waiting.insert(self._laxity_slot(req), req)
-        else:
-            self.waiting.append(req)
-        self._queue_edits += 1
+        slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
+        self.waiting.insert(slot, req)
+        self._queue_edited(slot)
         self._add_queued_work(req, 1)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
 
@@ -275,14 +282,15 @@ class WorkerState:
         decodes in place; on a prefill worker it waits for migration (the caller's job).
         """
         req.computed += new
-        self._queue_edits += 1
+        in_flight = self.inflight.pop(req.id, None) is not None
         self.waiting_tokens -= new
         self.batch_prefills = max(0, self.batch_prefills - 1)
-        self.inflight.pop(req.id, None)
         if req.computed < req.prompt_len:
+            self._queue_edits += 1                     # the rest of it is queued again
             self._add_queued_work(req, 1)
             return False
         self.waiting.remove(req)
+        self._queue_edits += not in_flight          # from the batch in flight: the queued stay as they were
         self._costs.pop(req.id, None)
         req.first_token = now
         req.generated = 1

@@ -2,7 +2,9 @@
 
 Usage: python benchmarks/sim_speed.py [--limit N] [--rate-scales 0.25,0.5,1.0] [--policies a,b] [--json]
 Runs every policy on the paper cluster (4 workers of InternLM2-20B, TP=2, A100) side by side
-in one process, so the numbers compare with each other on this machine.
+in one process, so the numbers compare with each other on this machine; each is also given as
+a share of colocated's speed at the same rate (colocated runs too if not asked for), a ratio
+that carries from one host to another where req/s do not.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from tropical.sched.registry import policy_names
 from tropical.sim.build import experiment
 from tropical.sim.run import simulate
 
+REFERENCE = "colocated"
+"""The simplest policy: its speed is the simulator's own, the yardstick for the others."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -27,19 +32,26 @@ def main() -> None:
     args = parser.parse_args()
     scales = [float(s) for s in args.rate_scales.split(",")]
     base = experiment(SimConfig(limit=args.limit).with_preset())
-    rows, out = [], {}
-    for policy in args.policies.split(","):
+    policies = args.policies.split(",")
+    rows, out, walls, attained = [], {}, {}, {}
+    for policy in ([REFERENCE] if REFERENCE not in policies else []) + policies:
         for scale in scales:
             runs = [simulate(base.with_policy(policy).at_rate(scale)) for _ in range(args.repeats)]
-            wall = min(r.sim_wall_s for r in runs)
-            speed = len(base.trace) / wall
-            out[f"{policy}@{scale:g}"] = speed
-            rows.append([policy, f"{scale:g}", str(len(base.trace)), f"{wall:.3f}", f"{speed:,.0f}",
-                         f"{runs[0].summary.attainment:.3f}"])
+            walls[policy, scale] = min(r.sim_wall_s for r in runs)
+            attained[policy, scale] = runs[0].summary.attainment
+    for policy in policies:
+        for scale in scales:
+            wall = walls[policy, scale]
+            share = walls[REFERENCE, scale] / wall
+            out[f"{policy}@{scale:g}"] = len(base.trace) / wall
+            rows.append([policy, f"{scale:g}", str(len(base.trace)), f"{wall:.3f}",
+                         f"{len(base.trace) / wall:,.0f}", f"{share:.2f}", f"{attained[policy, scale]:.3f}"])
     if args.json:
-        print(json.dumps({"requests_per_s": out}))
+        shares = {f"{p}@{s:g}": walls[REFERENCE, s] / walls[p, s] for p in policies for s in scales}
+        print(json.dumps({"requests_per_s": out, "share_of_colocated": shares}))
     else:
-        print(render(["policy", "rate scale", "requests", "wall s", "req/s", "attainment"], rows))
+        print(render(["policy", "rate scale", "requests", "wall s", "req/s", "of colocated", "attainment"],
+                     rows))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """The toggle's view of a multiplexing worker's next iteration while a prompt is chunked."""
 
+import math
 from dataclasses import replace
 
 from tests.factories import make_request, make_worker, start_decoding
 from tropical.sched.batching import form_batch
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import Decoding, TpotBudget
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget
 
 CHUNKED = BatchRules(prefill_first=False, chunked=True, token_budget=512)
 
@@ -75,3 +76,11 @@ def test_a_copy_with_another_request_joining_prices_its_own_budget():
     joined = replace(nxt, joining=(*nxt.joining, Decoding(tight, 1, 0.0)))
     assert joined.min_tpot == joined.budget.min_tpot == 0.01 < loose[0]
     assert (nxt.min_tpot, nxt.budget) == loose
+
+
+def test_fits_reads_the_tightest_slo_per_iteration_and_the_deadline_when_banked():
+    worker, _, _ = busy_worker(prompt=300)
+    nxt = NextIteration.of(worker, 0.05)
+    for rule in SlackRule:
+        limit = nxt.budget.limit(nxt.start, rule)
+        assert nxt.fits(limit, rule) and not nxt.fits(math.nextafter(limit, math.inf), rule)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
-from tropical.sched.slack import Decoding, TpotBudget
+from tropical.sched.slack import Decoding, SlackRule, TpotBudget
 from tropical.sched.worker import WorkerState
 
 
@@ -89,6 +89,14 @@ class NextIteration:
             terms += [(d.request.slo.tpot, d.first_token, d.generated) for d in self.joining]
             self._budget = TpotBudget.of_terms(terms)
         return self._budget
+
+    def fits(self, iteration: float, rule: SlackRule) -> bool:
+        """Would an iteration of ``iteration`` seconds, starting at ``start``, keep every
+        decode's TPOT SLO under ``rule``? (The per-iteration rule reads only the tightest SLO,
+        so the budget is priced for the banked rule alone.)"""
+        if rule is SlackRule.ITERATION:
+            return iteration <= self.min_tpot
+        return self.budget.fits(iteration, self.start, rule)
 
     @property
     def decodes(self) -> tuple[Decoding, ...]:

@@ -16,7 +16,7 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import groupby, repeat
+from itertools import chain, groupby, repeat
 from operator import itemgetter
 from typing import Generic, TypeVar
 
@@ -96,9 +96,11 @@ class AtRisk(Generic[Owner]):
                 for e in sorted(risk.late, key=itemgetter(1)) if doomed(e[2], e[3], self.now)]
 
     def _merged(self, lists: list[list[_Late]]) -> Iterator[tuple[_Late, Owner]]:
-        """One list per queue, each by length then place, merged by length then queue."""
-        tagged = (zip(entries, repeat(owner)) for entries, (owner, _) in zip(lists, self.queues, strict=True))
-        return heapq.merge(*tagged, key=_length)
+        """One list per queue, each by length then place, merged by length then queue (most
+        rounds find at most one queue at risk: that one needs no merge)."""
+        tagged = [zip(entries, repeat(owner))
+                  for entries, (owner, _) in zip(lists, self.queues, strict=True) if entries]
+        return heapq.merge(*tagged, key=_length) if len(tagged) > 1 else chain(*tagged)
 
     def _lost_last(self, merged: Iterator[tuple[_Late, Owner]]) -> Iterator[tuple[_Late, Owner]]:
         """``merged`` with each run of one length reordered: the doomed after the others."""

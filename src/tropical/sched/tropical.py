@@ -28,7 +28,7 @@ from tropical.sched.prediction import free_at
 from tropical.sched.risk import AtRisk, QueueRisk
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.slack import Decoding, SlackRule, TpotBudget
+from tropical.sched.slack import Decoding, SlackRule
 from tropical.sched.worker import WorkerState
 
 
@@ -286,7 +286,7 @@ class TropicalPolicy(Policy):
                 return None
             return self._chunked_finish(req, worker, nxt, limit, now)
         iteration = worker.latency.iteration_time(prefills.with_decodes(nxt.decode_count, nxt.decode_context))
-        if not nxt.budget.fits(iteration, nxt.start, self.toggle.slack):
+        if not nxt.fits(iteration, self.toggle.slack):
             return None
         return nxt.start + iteration
 
@@ -392,8 +392,7 @@ class TropicalPolicy(Policy):
             return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)
         joined = replace(nxt, joining=(*nxt.joining, Decoding(req, req.generated, req.first_token)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)
-        iteration = worker.latency.iteration_time(joined.shape(list(nxt.queued)))
-        return TpotBudget.of(joined.decodes).fits(iteration, nxt.start, self.toggle.slack)
+        return joined.fits(worker.latency.iteration_time(joined.shape(list(nxt.queued))), self.toggle.slack)
 
     def _no_prefill_worker(self, req: Request, multiplex: list[WorkerState]) -> Assignment:
         target = min(multiplex, key=lambda w: (w.unfinished_tokens, w.id), default=None)

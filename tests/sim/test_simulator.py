@@ -11,7 +11,9 @@ from tropical.core.latency.model import decode_time, prefill_time
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.kv import KVPool
-from tropical.sched.registry import make_policy, policy_names
+from tropical.sched.registry import PolicyParams, make_policy, policy_names
+from tropical.sched.slack import SlackRule
+from tropical.sched.tropical import ToggleParams, TropicalPolicy
 from tropical.sim.cluster import ClusterSpec, WorkerSpec
 from tropical.sim.simulator import Simulator
 
@@ -166,3 +168,30 @@ def test_closed_form_runs_book_the_same_gaps_as_single_steps(policy, spans):
     for a, b in zip(closed, stepped, strict=True):
         assert a.max_gap == pytest.approx(b.max_gap, rel=1e-6, abs=1e-9)
         assert a.max_gap >= (a.finish - a.first_token) / max(1, a.output_len - 1) - 1e-9
+
+
+def test_a_banked_toggle_says_when_it_asks_to_look_again(monkeypatch):
+    """Under banked slack the toggle asks to be called at a later decode step (``check_step``)
+    and says so (``checking``, which the simulator reads before cutting runs in flight); closed-
+    form runs decide as iteration-by-iteration ones do."""
+    asked = []
+    original = TropicalPolicy.check_step
+
+    def watched(self, worker):
+        step = original(self, worker)
+        asked.append((step is not None, self.checking))
+        return step
+
+    monkeypatch.setattr(TropicalPolicy, "check_step", watched)
+    params = PolicyParams(toggle=ToggleParams(slack=SlackRule.BANKED))
+    runs = []
+    for step_by_step in (False, True):
+        requests = [make_request(i, arrival=0.02 * i, prompt=200 + 53 * i % 1500, output=2 + 11 * i % 70)
+                    for i in range(80)]                         # enough load to put TTFTs at risk
+        policy = make_policy("tropical", params)
+        Simulator(cluster().build(policy), policy, requests, step_by_step=step_by_step).run()
+        runs.append(requests)
+    assert any(step for step, _ in asked) and all(checking for step, checking in asked if step)
+    for a, b in zip(*runs, strict=True):
+        assert (a.path, a.prefill_worker) == (b.path, b.prefill_worker)
+        assert a.finish == pytest.approx(b.finish, abs=1e-9)

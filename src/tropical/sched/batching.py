@@ -94,7 +94,8 @@ def _tpot_limit(worker: WorkerState, batch: Batch, now: float, rule: SlackRule) 
     """The longest the iteration may take under ``rule`` (None: nobody waits on it). The
     per-iteration rule needs only the tightest SLO, not each request's progress."""
     if rule is SlackRule.ITERATION:
-        tpots = [d.request.slo.tpot for d in _prospective(worker, batch, now)] if worker.rules.chunked else []
+        prospective = (*worker.incoming.values(), *_multiplexed(batch)) if worker.rules.chunked else ()
+        tpots = [r.slo.tpot for r in prospective]   # all this rule reads of ``_prospective``
         if worker.running:
             tpots.append(worker.min_tpot())
         return min(tpots, default=None)
@@ -109,7 +110,11 @@ def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding
     and the multiplexed prompts themselves. Chunked multiplexing keeps every iteration within
     their TPOT SLOs too, so that no stream waits long for its next token."""
     incoming = [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
-    return incoming + [Decoding(r, 1, now) for r, _, _ in batch.prefills if r.path is PrefillPath.MULTIPLEX]
+    return incoming + [Decoding(r, 1, now) for r in _multiplexed(batch)]
+
+
+def _multiplexed(batch: Batch) -> list[Request]:
+    return [r for r, _, _ in batch.prefills if r.path is PrefillPath.MULTIPLEX]
 
 
 def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:

@@ -77,6 +77,12 @@ class Policy(ABC):
         (a substrate that skips iteration ends must stop there)."""
         return None
 
+    @property
+    def checking(self) -> bool:
+        """Is ``check_step`` set for some worker now? (Runs already end at their next finish, so
+        a substrate need not ask for each worker while it is not.)"""
+        return False
+
     def decode_worker(self, req: Request, workers: Sequence[WorkerState],
                       now: float) -> WorkerState | None:
         """Where a request prefilled on a prefill worker decodes (None: no room yet, retry)."""

@@ -114,6 +114,10 @@ class TropicalPolicy(Policy):
         asks to look again at the step where the shortest waiting prompt should fit."""
         return self._checks.get(worker.id)
 
+    @property
+    def checking(self) -> bool:
+        return bool(self._checks)
+
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = _split(workers)

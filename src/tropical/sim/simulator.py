@@ -113,6 +113,8 @@ class Simulator:
     def _honor_checks(self) -> None:
         """End runs early where the policy now wants to look sooner (runs are settled here, so
         a run's first iteration is the one in progress)."""
+        if not self.policy.checking:
+            return
         for worker_id, flight in list(self._flights.items()):
             if flight.run is not None:
                 self._cut_run(self.workers[worker_id], self._run_length(self.workers[worker_id]))

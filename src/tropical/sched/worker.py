@@ -133,12 +133,9 @@ class WorkerState:
         them at every iteration end, so they are kept until the queue changes."""
         edits, depth, costs = self._priced_queue
         if edits != self._queue_edits or depth != limit:
-            kept, priced = self._costs, []
-            for req in islice(self.waiting, self.batch_prefills, self.batch_prefills + limit):
-                cached = kept.get(req.id)             # prefill_cost's own lookup, without a call
-                priced.append((req, cached[1] if cached is not None and cached[0] == req.computed
-                               else self.prefill_cost(req)))
-            costs = tuple(priced)
+            cost = self.prefill_cost
+            costs = tuple((req, cost(req)) for req in islice(self.waiting, self.batch_prefills,
+                                                             self.batch_prefills + limit))
             self._priced_queue = (self._queue_edits, limit, costs)
         return costs
 

@@ -33,7 +33,7 @@ def main() -> None:
     scales = [float(s) for s in args.rate_scales.split(",")]
     base = experiment(SimConfig(limit=args.limit).with_preset())
     policies = args.policies.split(",")
-    rows, out, walls, attained = [], {}, {}, {}
+    rows, out, shares, walls, attained = [], {}, {}, {}, {}
     for policy in ([REFERENCE] if REFERENCE not in policies else []) + policies:
         for scale in scales:
             runs = [simulate(base.with_policy(policy).at_rate(scale)) for _ in range(args.repeats)]
@@ -41,13 +41,11 @@ def main() -> None:
             attained[policy, scale] = runs[0].summary.attainment
     for policy in policies:
         for scale in scales:
-            wall = walls[policy, scale]
-            share = walls[REFERENCE, scale] / wall
-            out[f"{policy}@{scale:g}"] = len(base.trace) / wall
-            rows.append([policy, f"{scale:g}", str(len(base.trace)), f"{wall:.3f}",
-                         f"{len(base.trace) / wall:,.0f}", f"{share:.2f}", f"{attained[policy, scale]:.3f}"])
+            key, wall = f"{policy}@{scale:g}", walls[policy, scale]
+            out[key], shares[key] = len(base.trace) / wall, walls[REFERENCE, scale] / wall
+            rows.append([policy, f"{scale:g}", str(len(base.trace)), f"{wall:.3f}", f"{out[key]:,.0f}",
+                         f"{shares[key]:.2f}", f"{attained[policy, scale]:.3f}"])
     if args.json:
-        shares = {f"{p}@{s:g}": walls[REFERENCE, s] / walls[p, s] for p in policies for s in scales}
         print(json.dumps({"requests_per_s": out, "share_of_colocated": shares}))
     else:
         print(render(["policy", "rate scale", "requests", "wall s", "req/s", "of colocated", "attainment"],

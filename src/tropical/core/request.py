@@ -65,6 +65,12 @@ class Request:
         return self.prompt_len - self.computed
 
     @property
+    def first_token_at(self) -> float:
+        """When its first token came, asked only of a request that has one (decoding or done)."""
+        assert self.first_token is not None, f"request {self.id} has no first token yet"
+        return self.first_token
+
+    @property
     def done(self) -> bool:
         return self.finish is not None or self.error is not None
 

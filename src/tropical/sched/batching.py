@@ -94,27 +94,31 @@ def _tpot_limit(worker: WorkerState, batch: Batch, now: float, rule: SlackRule) 
     """The longest the iteration may take under ``rule`` (None: nobody waits on it). The
     per-iteration rule needs only the tightest SLO, not each request's progress."""
     if rule is SlackRule.ITERATION:
-        prospective = (*worker.incoming.values(), *_multiplexed(batch)) if worker.rules.chunked else ()
-        tpots = [r.slo.tpot for r in prospective]   # all this rule reads of ``_prospective``
+        waiting = _waiting_on(worker, batch) if worker.rules.chunked else ()
+        tpots = [r.slo.tpot for group in waiting for r in group]
         if worker.running:
             tpots.append(worker.min_tpot())
         return min(tpots, default=None)
-    decoding = [Decoding(r, worker.generated(r), r.first_token) for r in worker.running.values()]
+    decoding = [Decoding(r, worker.generated(r), r.first_token_at) for r in worker.running.values()]
     if worker.rules.chunked:
         decoding += _prospective(worker, batch, now)
     return TpotBudget.of(decoding).limit(now, rule) if decoding else None
 
 
 def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding]:
+    """Those ``_waiting_on`` this iteration, each as it will decode: migrated KV with its own
+    progress, a multiplexed prompt with its first token at the iteration's start."""
+    incoming, multiplexed = _waiting_on(worker, batch)
+    return ([Decoding(r, r.generated, r.first_token_at) for r in incoming]
+            + [Decoding(r, 1, now) for r in multiplexed])
+
+
+def _waiting_on(worker: WorkerState, batch: Batch) -> tuple[list[Request], list[Request]]:
     """Requests that will decode here soon and wait for this iteration to end: KV on its way,
     and the multiplexed prompts themselves. Chunked multiplexing keeps every iteration within
     their TPOT SLOs too, so that no stream waits long for its next token."""
-    incoming = [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
-    return incoming + [Decoding(r, 1, now) for r in _multiplexed(batch)]
-
-
-def _multiplexed(batch: Batch) -> list[Request]:
-    return [r for r, _, _ in batch.prefills if r.path is PrefillPath.MULTIPLEX]
+    multiplexed = [r for r, _, _ in batch.prefills if r.path is PrefillPath.MULTIPLEX]
+    return list(worker.incoming.values()), multiplexed
 
 
 def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:

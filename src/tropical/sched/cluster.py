@@ -118,12 +118,12 @@ class Cluster:
     def _assign(self, assignments: Iterable[Assignment]) -> list[Effect]:
         """Hand over every decision first, then wake the workers: prefills the policy planned for
         one iteration must start together."""
-        effects: list[Effect] = []
+        assigned: list[Assigned] = []
         for a in assignments:
             self._at[a.request.id] = (a.request, apply(a, self.workers).id)
-            effects.append(Assigned(a.request, a.worker_id))
-        woken = dict.fromkeys(e.worker_id for e in effects)
-        return effects + [Wake(w) for w in woken]
+            assigned.append(Assigned(a.request, a.worker_id))
+        woken = dict.fromkeys(e.worker_id for e in assigned)
+        return [*assigned, *(Wake(w) for w in woken)]
 
     def plan(self, worker_id: int, now: float) -> Batch | None:
         """The iteration ``worker_id`` starts at ``now`` (None: nothing to run). Landed KV joins the

@@ -51,7 +51,7 @@ class NextIteration:
         start = worker.busy_until if busy else now
         steps = worker.steps + int(busy)  # each running request's tokens once the iteration ends
         running = tuple(worker.running.values())
-        joining = [Decoding(r, r.generated, r.first_token) for r in worker.incoming.values()]
+        joining = [Decoding(r, r.generated, r.first_token_at) for r in worker.incoming.values()]
         carried = []
         for r in worker.in_flight() if busy else ():
             left = r.remaining_prompt - worker.inflight.get(r.id, r.remaining_prompt)
@@ -85,7 +85,7 @@ class NextIteration:
         """The decodes' TPOT budget under both rules, priced on first use (the banked rule's
         deadline needs every running request's progress)."""
         if self._budget is None:
-            terms = [(r.slo.tpot, r.first_token, self.steps - r.step_base) for r in self.running]
+            terms = [(r.slo.tpot, r.first_token_at, self.steps - r.step_base) for r in self.running]
             terms += [(d.request.slo.tpot, d.first_token, d.generated) for d in self.joining]
             self._budget = TpotBudget.of_terms(terms)
         return self._budget
@@ -102,7 +102,7 @@ class NextIteration:
     def decodes(self) -> tuple[Decoding, ...]:
         """Every decode of the iteration, running ones first."""
         steps = self.steps
-        return (*(Decoding(r, steps - r.step_base, r.first_token) for r in self.running), *self.joining)
+        return (*(Decoding(r, steps - r.step_base, r.first_token_at) for r in self.running), *self.joining)
 
     def shape(self, prefills: list[Request]) -> BatchShape:
         """The batch with these prefills added to the decodes."""

@@ -29,13 +29,18 @@ DISAGG_SPLIT = re.compile(r"disagg-([1-9][0-9]*)p")
 """``disagg-3p``: the disaggregated baseline with 3 prefill workers (``disagg``: half), DistServe's
 xPyD, so that a study can give the baseline the split that suits its setting."""
 
+
+def _chunked_at(size: int) -> Callable[[PolicyParams], Policy]:
+    """The chunked baseline's factory with its chunk budget fixed at ``size``."""
+    return lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True, chunk_budget=size,
+                                     max_seqs=p.max_seqs, name=f"chunked-{size}")
+
+
 _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "colocated": lambda p: ColocatedPolicy(p.max_batched_tokens, max_seqs=p.max_seqs),
     "chunked": lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True,
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
-    **{f"chunked-{size}": (lambda p, size=size: ColocatedPolicy(
-        p.max_batched_tokens, chunked=True, chunk_budget=size, max_seqs=p.max_seqs,
-        name=f"chunked-{size}")) for size in CHUNK_SIZES},
+    **{f"chunked-{size}": _chunked_at(size) for size in CHUNK_SIZES},
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.toggle.num_prefill, p.max_seqs),
     "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle, p.max_seqs),
     "tropical+": lambda p: TropicalPolicy(

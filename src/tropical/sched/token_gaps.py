@@ -45,7 +45,7 @@ class TokenGaps:
         ``now``; the j-th of them (from 0) lasted ``first + growth·j`` (read only when n > 1)."""
         first_end = now - (n - 1) * first - growth * n * (n - 1) / 2 if n > 1 else now
         for req in self.fresh:
-            gap = first_end - req.first_token
+            gap = first_end - req.first_token_at
             self.histogram.add(gap)
             req.max_gap = max(req.max_gap, gap)
         continuing = batch - len(self.fresh)

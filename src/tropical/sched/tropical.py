@@ -394,7 +394,7 @@ class TropicalPolicy(Policy):
         if self.toggle.chunked:
             limit = min(nxt.min_tpot, req.slo.tpot)
             return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)
-        joined = replace(nxt, joining=(*nxt.joining, Decoding(req, req.generated, req.first_token)),
+        joined = replace(nxt, joining=(*nxt.joining, Decoding(req, req.generated, req.first_token_at)),
                          decode_context=nxt.decode_context + req.prompt_len + req.generated)
         return joined.fits(worker.latency.iteration_time(joined.shape(list(nxt.queued))), self.toggle.slack)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
@@ -284,7 +285,7 @@ def _slo_settings(slo: SLOSpec) -> dict[str, SLOSpec]:
     return out
 
 
-def _with_toggle(params: PolicyParams, **changes: object) -> PolicyParams:
+def _with_toggle(params: PolicyParams, **changes: Any) -> PolicyParams:
     return replace(params, toggle=replace(params.toggle, **changes))
 
 

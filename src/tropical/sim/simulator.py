@@ -12,9 +12,10 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tropical.core.latency.model import LatencyModel
-from tropical.core.metrics import attains
+from tropical.core.metrics import attains, ttft
 from tropical.core.request import Request
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Booking, Cluster, Effect, Fail, Migrate, Wake
@@ -67,7 +68,7 @@ class Simulator:
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.id))
         self.stats = [WorkerStats() for _ in self.workers]
         self.now = 0.0
-        self._events: list[tuple[float, int, int, object]] = []
+        self._events: list[tuple[float, int, int, tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self._flights: dict[int, Flight] = {}
         self._versions = itertools.count()
@@ -93,7 +94,7 @@ class Simulator:
     def _out_of_budget(self) -> bool:
         return self.miss_budget is not None and self.misses > self.miss_budget
 
-    def _push(self, time: float, kind: int, payload: tuple) -> None:
+    def _push(self, time: float, kind: int, payload: tuple[Any, ...]) -> None:
         heapq.heappush(self._events, (time, next(self._seq), kind, payload))
 
     def _arrive(self, req: Request) -> None:
@@ -206,8 +207,8 @@ class Simulator:
 
     def _count_misses(self, booking: Booking) -> None:
         """A late first token is a certain miss; a request finished on time may still miss TPOT."""
-        self.misses += sum(r.first_token - r.arrival > r.slo.ttft for r in booking.prefilled)
-        self.misses += sum(r.first_token - r.arrival <= r.slo.ttft and not attains(r)
+        self.misses += sum(ttft(r) > r.slo.ttft for r in booking.prefilled)
+        self.misses += sum(ttft(r) <= r.slo.ttft and not attains(r)
                            for r, _ in booking.finished)
 
     def _transfer(self, move: Migrate) -> None:

@@ -57,9 +57,9 @@ class Efficiency:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Efficiency:
         """Inverse of to_dict; unknown or missing keys raise, so a stale file fails loudly."""
-        ops = {name: OpEfficiency(**value) for name, value in data.items() if isinstance(value, dict)}
-        scalars = {name: float(value) for name, value in data.items() if not isinstance(value, dict)}
-        return cls(**ops, **scalars)
+        fields: dict[str, Any] = {name: OpEfficiency(**value) if isinstance(value, dict) else float(value)
+                                  for name, value in data.items()}
+        return cls(**fields)
 
 
 def soft_roofline(compute_s: Number, memory_s: Number, sharpness: float) -> Number:

@@ -197,8 +197,9 @@ def test_queued_costs_stand_through_edits_that_leave_the_priced_prompts_as_they_
     assert worker.queued_costs(2) is priced
     worker.complete_prefill(reqs[0], 100, now=1.0)              # the batch in flight leaves
     assert worker.queued_costs(2) is priced
-    worker.abort(reqs[3])
-    assert [r.id for r, _ in worker.queued_costs(2)] == [1, 2]
+    worker.abort(reqs[3])                                       # leaves from behind them
+    assert worker.queued_costs(2) is priced
+    assert [r.id for r, _ in priced] == [1, 2]
     worker.enqueue(make_request(9, prompt=100))                 # the priced list was not full
     assert [r.id for r, _ in worker.queued_costs(3)] == [1, 2, 4]
 

@@ -313,13 +313,14 @@ class WorkerState:
         if req in self.inbox:
             self.inbox.remove(req)
         if req in self.waiting:
-            self._queue_edits += 1
-            if list(self.waiting).index(req) >= self.batch_prefills:
+            slot = self.waiting.index(req)
+            self._queue_edited(slot)
+            if slot >= self.batch_prefills:
                 self._add_queued_work(req, -1)
             else:
                 self.batch_prefills -= 1
                 self.inflight.pop(req.id, None)
-            self.waiting.remove(req)
+            del self.waiting[slot]
             self._costs.pop(req.id, None)
             self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
         if req.id in self.running:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tropical.bench.config import add_bench_options
 from tropical.config import PRESETS, SimConfig, read_config_file
@@ -18,6 +18,8 @@ from tropical.workload.flags import WORKLOAD_HELP
 from tropical.workload.trace import Trace
 
 if TYPE_CHECKING:
+    import torch
+
     from tropical.serve.options import ServeOptions
 
 
@@ -33,11 +35,12 @@ def add_fields_as_options(parser: argparse.ArgumentParser, config: type, helps: 
     """One flag per field of the ``config`` dataclass (``max_seqs`` → ``--max-seqs``), typed as the
     field is; unset flags stay None, so the dataclass default (or a file, or a preset) applies."""
     for f in fields(config):
-        kind = {"int": int, "float": float, "bool": _parse_bool}.get(str(f.type).split(" ")[0], str)
+        kinds: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _parse_bool}
+        kind = kinds.get(str(f.type).split(" ")[0], str)
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=helps.get(f.name))
 
 
-def _set_options(args: argparse.Namespace, config: type) -> dict[str, object]:
+def _set_options(args: argparse.Namespace, config: type) -> dict[str, Any]:
     """The flags of ``config``'s fields that the command line set."""
     return {f.name: getattr(args, f.name) for f in fields(config) if getattr(args, f.name, None) is not None}
 
@@ -151,7 +154,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _torch_dtype(name: str) -> object:
+def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -109,6 +109,13 @@ def test_gguf_vocab_matches_hf(hf_dir: Path, raw: RawTokenizer) -> None:
     assert (gguf_tok.bos_token_id, gguf_tok.eos_token_ids) == (hf_tok.bos_token_id, hf_tok.eos_token_ids)
 
 
+def test_gguf_merge_rule_without_a_space_is_named(raw: RawTokenizer) -> None:
+    vocab = gguf_vocab(raw)
+    vocab.merges = [*vocab.merges, "broken"]
+    with pytest.raises(ValueError, match="GGUF merge rule 'broken' is not two tokens"):
+        Tokenizer.from_gguf_vocab(vocab)
+
+
 def test_gguf_unsupported_model(raw: RawTokenizer) -> None:
     vocab = gguf_vocab(raw)
     vocab.model = "llama"

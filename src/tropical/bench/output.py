@@ -29,12 +29,13 @@ def request_line(planned: PlannedRequest, m: Measurement, req: Request) -> dict[
     """One request's timings (seconds since the run started), tokens, error, and the server's
     path headers when it sent them."""
     done = req.error is None
-    line = {"id": m.id, "prompt_tokens": m.prompt_len, "max_tokens": m.max_tokens,
-            "capped": planned.capped, "scheduled_s": planned.send_at, "sent_s": m.sent,
-            "completion_tokens": m.tokens if done else None, "chunk_times_s": m.chunks,
-            "chunk_tokens": m.chunk_tokens if m.counted else None,
-            "ttft_s": ttft(req) if done else None, "tpot_s": tpot(req) if done else None,
-            "e2e_s": e2e(req) if done else None, "attained": attains(req), "error": m.error}
+    line: dict[str, object] = {
+        "id": m.id, "prompt_tokens": m.prompt_len, "max_tokens": m.max_tokens,
+        "capped": planned.capped, "scheduled_s": planned.send_at, "sent_s": m.sent,
+        "completion_tokens": m.tokens if done else None, "chunk_times_s": m.chunks,
+        "chunk_tokens": m.chunk_tokens if m.counted else None,
+        "ttft_s": ttft(req) if done else None, "tpot_s": tpot(req) if done else None,
+        "e2e_s": e2e(req) if done else None, "attained": attains(req), "error": m.error}
     headers = {"path": m.path, "prefill_worker": m.prefill_worker, "reason": m.reason}
     return line | {k: v for k, v in headers.items() if v is not None}
 

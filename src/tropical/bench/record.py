@@ -51,12 +51,18 @@ class Measurement:
         """Completion tokens: the server's usage count, else its per-chunk counts, else chunks."""
         if self.usage_tokens is not None:
             return self.usage_tokens
-        return sum(self.chunk_tokens) if self.counted else len(self.chunks)
+        stated = self._stated()
+        return sum(stated) if stated is not None else len(self.chunks)
 
     @property
     def counted(self) -> bool:
         """Whether the server stated every chunk's token count (no estimate needed)."""
-        return len(self.chunk_tokens) == len(self.chunks) and None not in self.chunk_tokens
+        return self._stated() is not None
+
+    def _stated(self) -> list[int] | None:
+        """Every chunk's token count as the server stated it; None if some chunk did not say."""
+        stated = [k for k in self.chunk_tokens if k is not None]
+        return stated if len(stated) == len(self.chunk_tokens) == len(self.chunks) else None
 
     def add_chunk(self, now: float, tokens: int | None) -> None:
         self.chunks.append(now)
@@ -76,9 +82,8 @@ class Measurement:
 
     def token_counts(self) -> list[int]:
         """Tokens per chunk: as the server stated them, else estimated (see ``estimated_counts``)."""
-        if self.counted:
-            return [int(k) for k in self.chunk_tokens]
-        return estimated_counts(self.tokens, self.chunk_gaps())
+        stated = self._stated()
+        return stated if stated is not None else estimated_counts(self.tokens, self.chunk_gaps())
 
     def itls(self) -> list[float]:
         """Per-token inter-token latencies: each gap g before a chunk of k tokens gives k values g/k."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ START = Efficiency(
     prefill_tile_waste=300.0, decode_per_sequence=1e-8, iteration_overhead=ITERATION_OVERHEAD_S)
 
 
-def nelder_mead(f: Callable[[np.ndarray], float], x0: Sequence[float], step: float = 0.3,
+def nelder_mead(f: Callable[[np.ndarray], float], x0: Sequence[float] | np.ndarray, step: float = 0.3,
                 max_iter: int = 2000, tol: float = 1e-9) -> np.ndarray:
     """Minimise f from x0 with the classic simplex moves (reflect, expand, contract, shrink)."""
     n = len(x0)
@@ -107,7 +108,8 @@ def fit_stream(eff: Efficiency, profiles: GpuProfiles, name: str) -> Efficiency:
     columns = [op for op, cls in predict.STREAM_OPS.items() if cls == name]
 
     def update(e: Efficiency, x: np.ndarray) -> Efficiency:
-        return replace(e, **{name: OpEfficiency(memory=x[0], overhead=x[1])})
+        changed: dict[str, Any] = {name: OpEfficiency(memory=x[0], overhead=x[1])}
+        return replace(e, **changed)
 
     def rows(e: Efficiency) -> Pairs:
         return ((predict.stream(e, profiles.gpu, p, op), p.seconds[op])
@@ -201,6 +203,6 @@ def rounded(eff: Efficiency, digits: int = 4) -> Efficiency:
     def op(o: OpEfficiency) -> OpEfficiency:
         return OpEfficiency(r(o.compute), r(o.memory), r(o.overhead), r(o.sharpness))
 
-    data = eff.to_dict()
-    return replace(eff, **{k: op(getattr(eff, k)) if isinstance(v, dict) else r(v)
-                           for k, v in data.items()})
+    rounded: dict[str, Any] = {k: op(getattr(eff, k)) if isinstance(v, dict) else r(v)
+                               for k, v in eff.to_dict().items()}
+    return replace(eff, **rounded)

@@ -71,7 +71,8 @@ def _decode_loop(
     blocks = -(-(len(prompt_ids) + budget) // BLOCK_SIZE)
     cache = PagedKVCache(loaded.config, blocks, BLOCK_SIZE, dtype=dtype, device=device)
     eos = set(loaded.tokenizer.eos_token_ids)
-    span, ids = Span(SEQ_ID, prompt_ids, 0), []
+    span = Span(SEQ_ID, prompt_ids, 0)
+    ids: list[int] = []
     while len(ids) < budget:
         logits = loaded.model(FlatBatch.build([span], cache), cache)
         token = sample(logits, [params], [step_generator(params, len(ids), device)])[0]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tropical.core.latency.fitted import FittedModel
+from tropical.core.latency.fitted import COMPUTE, FittedModel
 from tropical.core.latency.shape import BatchShape
 from tropical.engine.batch import FlatBatch, Span
 from tropical.engine.kv_cache import PagedKVCache
@@ -213,8 +213,9 @@ def _fit(samples: list[Sample], kv_bytes: float, bandwidth: float, latency: floa
     a = np.array([_features(s.shape) for s in samples])
     seconds = np.array([s.seconds for s in samples])
     coeffs = nnls(a / seconds[:, None], np.ones(len(samples)))
-    return FittedModel(*map(float, coeffs), kv_bytes_per_token=kv_bytes,
-                       transfer_bandwidth=bandwidth, transfer_latency=latency)
+    compute = dict(zip(COMPUTE, map(float, coeffs), strict=True))
+    return FittedModel(**compute, kv_bytes_per_token=kv_bytes, transfer_bandwidth=bandwidth,
+                       transfer_latency=latency)
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -79,6 +79,9 @@ class Rotary(nn.Module):
     The tables are buffers, so `model.to(dtype)` converts them once instead of every forward.
     """
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         inv_freq, scale = rope_parameters(config)

@@ -52,7 +52,7 @@ class Tokenizer:
         if vocab.model != "gpt2":
             raise ValueError(f"unsupported GGUF tokenizer model {vocab.model!r} (only 'gpt2' BPE)")
         ids = {token: i for i, token in enumerate(vocab.tokens)}
-        merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
+        merges = [_merge_pair(m) for m in vocab.merges]
         raw = RawTokenizer(models.BPE(ids, merges, fuse_unk=False))
         raw.pre_tokenizer = gguf_pre_tokenizer(vocab.pre)
         raw.decoder = decoders.ByteLevel()
@@ -127,6 +127,14 @@ def hf_chat_template(root: Path, config: dict) -> str | None:
         named = {t.get("name"): t.get("template") for t in template}
         return named.get("default") or next(iter(named.values()), None)
     return template
+
+
+def _merge_pair(merge: str) -> tuple[str, str]:
+    """One GGUF BPE merge rule, two tokens separated by a space, as the pair BPE takes."""
+    left, space, right = merge.partition(" ")
+    if not space:
+        raise ValueError(f"GGUF merge rule {merge!r} is not two tokens separated by a space")
+    return left, right
 
 
 def gguf_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:

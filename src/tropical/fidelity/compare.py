@@ -22,8 +22,8 @@ published study's per-worker speeds varied about this much between repeats."""
 
 
 def values(summary: Summary) -> dict[str, float]:
-    flat = summary.as_dict()
-    return {m: float(flat[m]) for m in (*METRICS, *STREAM_METRICS)}
+    numbers = {name: v for name, v in summary.as_dict().items() if not isinstance(v, dict)}
+    return {m: float(numbers[m]) for m in (*METRICS, *STREAM_METRICS)}
 
 
 def relative_errors(real: Summary, sim: Summary) -> dict[str, float]:

@@ -105,7 +105,7 @@ class RecordedRun:
 
 
 def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: LatencyModel,
-              speeds: Sequence[LatencyModel], frontend: float, ratio: float = math.nan) -> Comparison:
+              speeds: Sequence[AdjustedModel], frontend: float, ratio: float = math.nan) -> Comparison:
     """The run against its twins: on the bare ``profile``, and at the run's measured ``speeds``
     (one per worker) and ``frontend`` latency; both decide with ``profile``, as the server did.
     ``ratio``: the run's compute over the profile's prediction (``profile_ratio``).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -12,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def cdf(ax: plt.Axes, values: Sequence[float], **style: object) -> None:
+def cdf(ax: plt.Axes, values: Sequence[float], **style: Any) -> None:
     """The empirical CDF of ``values`` (nothing drawn when empty)."""
     data = np.sort(np.asarray(values, dtype=float))
     if len(data):

@@ -122,7 +122,7 @@ def _verdict(rep: Reproduction) -> str:
 
 def _bound_sentence(rep: Reproduction) -> str:
     shares = {p: rep.bound.share(c.capacity_rps) for p, c in rep.capacity.items()}
-    top = max(shares, key=shares.get)
+    top = max(shares, key=lambda p: shares[p])
     best = rep.best_baseline
     plus_stream = rep.bound.share(rep.capacity["tropical+"].stream_capacity_rps)
     return (f"**Against the physical limit.** The work bound is {rep.bound.rate_rps:.3f} req/s; the "

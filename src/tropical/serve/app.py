@@ -14,13 +14,15 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from tropical.sched.worker import WorkerState
 from tropical.serve.auth import key_matches
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.prompts import to_submission
@@ -37,13 +39,51 @@ from tropical.serve.protocol import (
     stream_chunk,
     usage_chunk,
 )
-from tropical.serve.router import Rejected, Router
-from tropical.serve.streams import Event, RequestHandle
-from tropical.serve.worker_handle import WorkerHandle
+from tropical.serve.router import Rejected
+from tropical.serve.streams import Event, RequestHandle, Submission
+
+if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the endpoints need only its type
+    from tropical.engine.tokenizer import Tokenizer
 
 PATH_HEADER = "x-tropical-path"
 DISCONNECT_POLL_S = 0.5
 MIB = 1 << 20
+
+
+class WorkerInfo(Protocol):
+    """What /health shows of a worker: a WorkerHandle, or a vLLM instance."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def node(self) -> str: ...
+
+
+class ServingRouter(Protocol):
+    """What the endpoints and the server need of a router, so the native one (``router.Router``)
+    and the one over vLLM instances (``vllm_router.VllmRouter``) serve alike."""
+
+    @property
+    def workers(self) -> Sequence[WorkerState]: ...
+
+    @property
+    def clients(self) -> Sequence[WorkerInfo]: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def unavailable(self) -> str | None: ...
+
+    def submit(self, submission: Submission) -> RequestHandle: ...
+
+    def abort(self, rid: int) -> None: ...
+
+    async def drain(self, timeout: float) -> None: ...
 
 
 @dataclass
@@ -54,7 +94,7 @@ class ServerState:
     api_key: str | None = None
     max_body_bytes: int = 4 * MIB
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    router: Router | None = None
+    router: ServingRouter | None = None
     max_model_len: int = 0
     created: int = 0
 
@@ -117,12 +157,12 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         return await generate(state, request, parse_chat)
 
 
-def worker_health(worker_id: int, role: str, client: WorkerHandle, full: bool) -> dict:
+def worker_health(worker_id: int, role: str, client: WorkerInfo, full: bool) -> dict:
     about: dict = {"id": worker_id, "role": role, "alive": client.alive}
     return {**about, "pid": client.pid, "node": client.node} if full else about
 
 
-def ready(state: ServerState) -> Router:
+def ready(state: ServerState) -> ServingRouter:
     if state.router is None:
         raise APIError(503, "the server is starting; try again when /health says ok", "server_error")
     return state.router
@@ -194,8 +234,8 @@ async def generate(state: ServerState, request: Request,
 class Reply:
     """One response being written from a request's events."""
 
-    def __init__(self, state: ServerState, router: Router, handle: RequestHandle, gen: GenerationRequest,
-                 request_id: str) -> None:
+    def __init__(self, state: ServerState, router: ServingRouter, handle: RequestHandle,
+                 gen: GenerationRequest, request_id: str) -> None:
         self.state, self.router, self.handle, self.gen, self.id = state, router, handle, gen, request_id
         self.created = int(time.time())
         self.polled = time.monotonic()
@@ -220,11 +260,13 @@ class Reply:
                 return await asyncio.wait_for(self.handle.events.get(), wait)
 
     async def whole(self, request: Request, first: Event) -> Response:
+        """The whole completion in one body, once its final event arrives (499 if the client left)."""
         parts, event = [first.text], first
         while not event.final:
-            event = await self.next_event(request)
-            if event is None:
+            following = await self.next_event(request)
+            if following is None:
                 return Response(status_code=499)
+            event = following
             parts.append(event.text)
         if event.error is not None:
             raise APIError(event.status, event.error, "server_error")

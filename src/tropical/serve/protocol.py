@@ -108,19 +108,27 @@ def unholdable(body: bytes, error: ValueError | RecursionError) -> APIError:
 def failing_field(text: str) -> str | None:
     """The key of the first top-level field whose value fails to parse (None if none does, or the
     body is not an object)."""
-    pos = WHITESPACE.match(text, 0).end()
+    pos = skip_whitespace(text, 0)
     if not text.startswith("{", pos):
         return None
     while text[pos:pos + 1] in ("{", ","):
         key = None
         try:
-            key, pos = DECODER.raw_decode(text, WHITESPACE.match(text, pos + 1).end())
-            pos = WHITESPACE.match(text, pos).end()
-            _, pos = DECODER.raw_decode(text, WHITESPACE.match(text, pos + 1).end())
+            key, pos = DECODER.raw_decode(text, skip_whitespace(text, pos + 1))
+            pos = skip_whitespace(text, pos)
+            _, pos = DECODER.raw_decode(text, skip_whitespace(text, pos + 1))
         except (ValueError, RecursionError):
             return key if isinstance(key, str) else None
-        pos = WHITESPACE.match(text, pos).end()
+        pos = skip_whitespace(text, pos)
     return None
+
+
+def skip_whitespace(text: str, pos: int) -> int:
+    """The position after the JSON whitespace at ``pos`` (WHITESPACE matches the empty string
+    too, so it matches everywhere)."""
+    match = WHITESPACE.match(text, pos)
+    assert match is not None
+    return match.end()
 
 
 def check_surrogates(data: dict[str, Any]) -> None:

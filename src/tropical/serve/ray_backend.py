@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import ray
 from ray.actor import ActorHandle
@@ -21,6 +22,7 @@ from tropical.serve.options import ServeOptions
 from tropical.serve.placement import Placement, check_fits
 from tropical.serve.ray_handle import RayWorkerHandle
 from tropical.serve.ray_worker import RemoteWorker
+from tropical.serve.worker_handle import WorkerHandle
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class RayBackend:
         return cls(options.threads, gpus, options.ray_max_restarts)
 
     def spawn(self, launches: Sequence[WorkerLaunch], placements: Sequence[Placement]
-              ) -> list[RayWorkerHandle]:
+              ) -> list[WorkerHandle]:
         """Check that every worker fits some node, then create the actors (not yet ready)."""
         nodes = ray.nodes()
         demands = [p.demand(self.cpus, self.gpus) for p in placements]
@@ -57,9 +59,12 @@ class RayBackend:
                 for launch, demand in zip(launches, demands, strict=True)]
 
     def _actor(self, launch: WorkerLaunch, demand: dict[str, float]) -> ActorHandle:
+        """A new actor; Ray types ``remote()`` as the handle or the class itself (so that method
+        calls type-check either way), but what it returns is the handle."""
         custom = {k: v for k, v in demand.items() if k not in ("CPU", "GPU")}
-        return RemoteWorker.options(num_cpus=demand.get("CPU", 0), num_gpus=demand.get("GPU", 0),
-                                    resources=custom, max_restarts=self.max_restarts).remote(launch)
+        actor_class = RemoteWorker.options(num_cpus=demand.get("CPU", 0), num_gpus=demand.get("GPU", 0),
+                                           resources=custom, max_restarts=self.max_restarts)
+        return cast(ActorHandle, actor_class.remote(launch))
 
     def close(self) -> None:
         """Disconnect; a Ray instance this server started stops with it."""

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
@@ -244,7 +244,7 @@ class Router:
             return False
         except WorkerError as exc:
             self.cluster.expect_end(worker_id, self.clock())
-            self._fail_requests([span.seq_id for span in spec.spans],
+            self._fail_requests([cast(int, span.seq_id) for span in spec.spans],   # keyed by request id
                                 f"the step running this request failed: {exc}")
             return True
         end = self.clock()

@@ -15,11 +15,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
-from tropical.serve.app import MIB, ServerState, add_routes
+from tropical.serve.app import MIB, ServerState, ServingRouter, add_routes
 from tropical.serve.auth import resolve_api_key
 from tropical.serve.launch import launch
 from tropical.serve.options import ServeOptions
@@ -39,10 +40,11 @@ def build_app(options: ServeOptions, state: ServerState) -> FastAPI:
         say(f"starting {options.policy} with model {options.model} ...")
         cluster = await (launch_vllm if options.engine == "vllm" else launch)(options, state.metrics)
         state.model_id, state.max_model_len = cluster.model_name, cluster.max_model_len
-        state.created, state.router = int(time.time()), cluster.router
+        router: ServingRouter = cluster.router
+        state.created, state.router = int(time.time()), router
         say(cluster.profile_note)
         roles = ", ".join(f"{w.id}:{w.role.value} (pid {c.pid} on {c.node})"
-                          for w, c in zip(cluster.router.workers, cluster.clients, strict=True))
+                          for w, c in zip(router.workers, router.clients, strict=True))
         say(f"workers {roles}")
         say(ready_message(options, state.model_id, state.api_key is not None))
         try:
@@ -53,7 +55,8 @@ def build_app(options: ServeOptions, state: ServerState) -> FastAPI:
             await cluster.stop()
             say("stopped")
 
-    docs = {} if state.api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    docs: dict[str, Any] = {} if state.api_key is None else {"docs_url": None, "redoc_url": None,
+                                                              "openapi_url": None}
     app = FastAPI(title="tropical", lifespan=lifespan, **docs)
     add_routes(app, state)
     return app
@@ -94,8 +97,11 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def _drain(self, sig: int) -> None:
+        router = self.state.router
+        if router is None:
+            raise RuntimeError("drain started before the router was up")
         say("draining: new requests get 503 while those in flight finish ...")
-        await self.state.router.drain(self.drain_timeout)
+        await router.drain(self.drain_timeout)
         super().handle_exit(sig, None)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,7 @@ class VllmInstance:
         _raise_for(response.status_code, response.text)
         return response.json()
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[Chunk]:
+    async def stream(self, body: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
         """The streamed tokens; closing the iterator closes the connection, which aborts the
         request inside vLLM and frees its KV there."""
         try:

@@ -220,8 +220,9 @@ class VllmRouter:
                 stopped = handle.emit(chunk.token_ids) if chunk.token_ids else False
                 shadow.decoded(req, handle.completion_tokens, now)
                 self._after_event(worker_id, now)
-                if stopped or chunk.finish_reason is not None:
-                    self._finish(req, "stop" if stopped else chunk.finish_reason)
+                reason = "stop" if stopped else chunk.finish_reason
+                if reason is not None:
+                    self._finish(req, reason)
                     return
         self._finish(req, "length")
 

@@ -106,7 +106,8 @@ class Shadow:
         state.batch_prefills = 0
         state.queued_work = (sum(state.prefill_cost(r) for r in state.waiting)
                              if state.role is Role.PREFILL else 0.0)
-        heads, budget = [], state.rules.token_budget - state.batch_size
+        heads: list[Request] = []
+        budget = state.rules.token_budget - state.batch_size
         for req in state.waiting:
             if heads and req.remaining_prompt > budget:
                 break

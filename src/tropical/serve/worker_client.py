@@ -21,7 +21,7 @@ from typing import Any
 from tropical.serve.messages import Export, Import, Ready, Reply, StagingArea, WorkerLaunch
 from tropical.serve.placement import Placement
 from tropical.serve.staging import StagedKV, StagingSpace
-from tropical.serve.worker_handle import WorkerDied, WorkerError
+from tropical.serve.worker_handle import WorkerDied, WorkerError, WorkerHandle
 from tropical.serve.worker_process import worker_main
 
 
@@ -68,10 +68,13 @@ class WorkerClient:
     async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[StagedKV]:
         """The KV lands in a range of this worker's staging file, kept until the importer is done;
         several exports may wait for their imports at once."""
+        staging = self._staging
+        if staging is None:
+            raise RuntimeError(f"worker {self.worker_id} cannot export KV before it is ready")
         offset = await self._space.reserve(tokens)
         try:
             await self.call(Export(seq_id, tokens, offset))
-            yield StagedKV(self._staging, offset)
+            yield StagedKV(staging, offset)
         finally:
             await self._space.release(offset)
 
@@ -138,7 +141,7 @@ class LocalBackend:
     def __init__(self) -> None:
         self.staging_dir = tempfile.mkdtemp(prefix="tropical-serve-")
 
-    def spawn(self, launches: Sequence[WorkerLaunch], placements: Sequence[Placement]) -> list[WorkerClient]:
+    def spawn(self, launches: Sequence[WorkerLaunch], placements: Sequence[Placement]) -> list[WorkerHandle]:
         """Every worker runs here, so there is nothing to place (options reject pins)."""
         return [WorkerClient(replace(launch, staging_dir=self.staging_dir)) for launch in launches]
 

@@ -127,12 +127,12 @@ def _parsed(
 def _timed_trace(path: PathLike, rows: Iterable[tuple[int, _Row]], units_per_second: int) -> Trace:
     """Entries with arrivals re-based to the first timestamp; timestamps must not go backwards."""
     entries = []
-    first = previous = None
+    first: float | None = None
+    previous = -math.inf
     for lineno, (stamp, input_len, output_len, blocks) in rows:
-        if previous is None:
-            first = previous = stamp
-        elif stamp < previous:
+        if stamp < previous:
             raise TraceError(f"{path}:{lineno}: timestamp goes backwards ({stamp} < {previous})")
+        first = stamp if first is None else first
         previous = stamp
         arrival = (stamp - first) / units_per_second
         entries.append(TraceEntry(arrival, input_len, output_len, blocks))

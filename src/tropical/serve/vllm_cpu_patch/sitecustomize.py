@@ -14,6 +14,9 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
 MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl._api")
 DELAY_US = int(os.environ.get("TROPICAL_NIXL_POLL_DELAY_US", "0"))
@@ -22,13 +25,13 @@ DELAY_US = int(os.environ.get("TROPICAL_NIXL_POLL_DELAY_US", "0"))
 class _DelayedAgent:
     """Stands in for the binding module inside nixl's API: agents get the poll delay."""
 
-    def __init__(self, binding: object) -> None:
+    def __init__(self, binding: ModuleType) -> None:
         self._binding = binding
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._binding, name)
 
-    def nixlAgent(self, name: str, config: object) -> object:  # noqa: N802 - the binding's name
+    def nixlAgent(self, name: str, config: Any) -> Any:  # noqa: N802 - the binding's name
         config.pthrDelay = DELAY_US
         return self._binding.nixlAgent(name, config)
 
@@ -36,7 +39,8 @@ class _DelayedAgent:
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Patch nixl's API module right after it loads, whoever imports it first."""
 
-    def find_spec(self, fullname: str, path: object, target: object = None) -> object:
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MODULES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -44,11 +48,11 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             return spec
         load = spec.loader.exec_module
 
-        def exec_module(module: object) -> None:
+        def exec_module(module: ModuleType) -> None:
             load(module)
-            module.nixlBind = _DelayedAgent(module.nixlBind)
+            module.nixlBind = _DelayedAgent(module.nixlBind)  # type: ignore[attr-defined]  # nixl's binding
 
-        spec.loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # wraps nixl's loader
         return spec
 
 

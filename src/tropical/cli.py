@@ -34,8 +34,8 @@ def _parse_bool(text: str) -> bool:
 def add_fields_as_options(parser: argparse.ArgumentParser, config: type, helps: dict[str, str]) -> None:
     """One flag per field of the ``config`` dataclass (``max_seqs`` → ``--max-seqs``), typed as the
     field is; unset flags stay None, so the dataclass default (or a file, or a preset) applies."""
+    kinds: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _parse_bool}
     for f in fields(config):
-        kinds: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _parse_bool}
         kind = kinds.get(str(f.type).split(" ")[0], str)
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=helps.get(f.name))
 

@@ -203,6 +203,6 @@ def rounded(eff: Efficiency, digits: int = 4) -> Efficiency:
     def op(o: OpEfficiency) -> OpEfficiency:
         return OpEfficiency(r(o.compute), r(o.memory), r(o.overhead), r(o.sharpness))
 
-    rounded: dict[str, Any] = {k: op(getattr(eff, k)) if isinstance(v, dict) else r(v)
-                               for k, v in eff.to_dict().items()}
-    return replace(eff, **rounded)
+    fields: dict[str, Any] = {k: op(getattr(eff, k)) if isinstance(v, dict) else r(v)
+                              for k, v in eff.to_dict().items()}
+    return replace(eff, **fields)

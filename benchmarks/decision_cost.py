@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tropical import native
 from tropical.config import SimConfig
 from tropical.core.request import Request
 from tropical.report.tables import render
@@ -97,10 +98,11 @@ def main() -> None:
     base = experiment(SimConfig().with_preset())
     out = {p: measure(base.with_policy(p), args.queued, args.decisions) for p in args.policies.split(",")}
     if args.json:
-        print(json.dumps({"queued": args.queued, "decision_us": out}))
+        print(json.dumps({"queued": args.queued, "decision_us": out, "compiled": native.running()}))
         return
     rows = [[p, *(f"{v:.0f}" for v in m.values())] for p, m in out.items()]
-    print(f"decision cost with {args.queued} queued requests (µs, {args.decisions} decisions each)")
+    how = "compiled (tropical native)" if native.running() else "plain Python"
+    print(f"decision cost with {args.queued} queued requests (µs, {args.decisions} decisions each), {how}")
     print(render(["policy", "arrival P50", "arrival P99", "iteration end P50", "iteration end P99",
                   "after the head moves P50",
                   "after the head moves P99"], rows))

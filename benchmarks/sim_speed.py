@@ -4,7 +4,8 @@ Usage: python benchmarks/sim_speed.py [--limit N] [--rate-scales 0.25,0.5,1.0] [
 Runs every policy on the paper cluster (4 workers of InternLM2-20B, TP=2, A100) side by side
 in one process, so the numbers compare with each other on this machine; each is also given as
 a share of colocated's speed at the same rate (colocated runs too if not asked for), a ratio
-that carries from one host to another where req/s do not.
+that carries from one host to another where req/s do not. Runs compiled where ``tropical native
+build`` built the simulator for these sources (``TROPICAL_NATIVE=0``: plain), and says which.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tropical import native
 from tropical.config import SimConfig
 from tropical.report.tables import render
 from tropical.sched.registry import policy_names
@@ -46,8 +48,9 @@ def main() -> None:
             rows.append([policy, f"{scale:g}", str(len(base.trace)), f"{wall:.3f}", f"{out[key]:,.0f}",
                          f"{shares[key]:.2f}", f"{attained[policy, scale]:.3f}"])
     if args.json:
-        print(json.dumps({"requests_per_s": out, "share_of_colocated": shares}))
+        print(json.dumps({"requests_per_s": out, "share_of_colocated": shares, "compiled": native.running()}))
     else:
+        print("compiled (tropical native)" if native.running() else "plain Python")
         print(render(["policy", "rate scale", "requests", "wall s", "req/s", "of colocated", "attainment"],
                      rows))
 

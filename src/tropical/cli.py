@@ -228,6 +228,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def cmd_native(args: argparse.Namespace) -> int:
+    from tropical import native
+
+    if args.action == "build":
+        print(f"building {len(native.modules())} modules with mypyc (a minute or two)...", file=sys.stderr)
+        try:
+            native.build()
+        except native.BuildError as err:
+            print(f"tropical: error: {err}", file=sys.stderr)
+            return 2
+    print(native.status().describe())
+    return 0
+
+
 def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The server's settings from its flags (each a field of ServeOptions; unset ones default)."""
     from tropical.serve.options import ServeOptions
@@ -355,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(exp)
     exp.add_argument("--out", required=True, help="directory to write")
     exp.set_defaults(func=cmd_export)
+    nat = sub.add_parser("native", help="compile the simulator with mypyc, or say whether it runs")
+    nat.add_argument("action", choices=["build", "status"])
+    nat.set_defaults(func=cmd_native)
     return parser
 
 

@@ -9,6 +9,7 @@ from tropical.core.gaps import GapHistogram
 from tropical.core.metrics import Summary, summarize
 from tropical.core.request import Request
 from tropical.core.slo import SLO, SLOMix, SLOSpec
+from tropical.native import running
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
 from tropical.sim.cluster import ClusterSpec
@@ -65,6 +66,7 @@ class SimResult:
                 for role, s in zip(self.roles, self.worker_stats, strict=True)
             ],
             "sim_wall_s": self.sim_wall_s,
+            "native": running(),
         }
 
     @property

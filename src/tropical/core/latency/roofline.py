@@ -226,6 +226,11 @@ class RooflineModel:
         self._head_seconds: dict[int, float] = {}
         self._overhead = efficiency.iteration_overhead
 
+    def __reduce__(self) -> tuple[type[RooflineModel], tuple[ReplicaSpec, Efficiency]]:
+        """Rebuilt from what it was built from (the caches refill), so that it pickles compiled
+        too (see tropical.native)."""
+        return RooflineModel, (self.replica, self.efficiency)
+
     @staticmethod
     def _linear_layer_terms(eff: Efficiency, gpu: HardwareSpec, shard: Shard,
                             tp: int) -> tuple[float, float]:

@@ -29,7 +29,6 @@ COMPILED = ("core", "sched", "sim/simulator.py", "sim/decode_run.py", "sim/clust
 LEFT_PURE = {
     "core/latency/model.py": "a runtime-checkable Protocol",
     "sched/rules.py": "an Enum whose members set attributes in __init__",
-    "sched/risk.py": "a generic class (mypyc's native classes cannot be generic)",
 }
 """Modules mypyc cannot compile as written, and why; they run as Python beside the others."""
 _IGNORED = ("__pycache__", "*.so", "*.pyc")

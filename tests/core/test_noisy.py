@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -36,3 +40,15 @@ def test_decode_line_stays_a_line():
 def test_noise_out_of_range_is_refused():
     with pytest.raises(ValueError, match="noise"):
         NoisyModel(linear_model(), 1.5)
+
+
+def test_every_process_gets_the_same_errors():
+    """Strings' hashes are salted per process; the errors' keys must not hold any."""
+    code = ("from tests.factories import linear_model\n"
+            "from tropical.core.latency.noisy import NoisyModel\n"
+            "from tropical.core.latency.shape import BatchShape\n"
+            "m = NoisyModel(linear_model(), 0.25, seed=5)\n"
+            "print(m.decode_line(8), m.transfer_time(100), m.iteration_time(BatchShape.prefill(300)))")
+    outs = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+                           capture_output=True, text=True, check=True).stdout for seed in ("1", "2")}
+    assert len(outs) == 1

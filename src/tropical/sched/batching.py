@@ -9,7 +9,7 @@ batch forms.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
@@ -77,7 +77,8 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
             shape = stretched
             continue
         chunk = _chunk(worker, shape, new, cached, limit) if worker.rules.chunked else 0
-        return replace(batch, prefills=batch.prefills[:i] + ([(req, chunk, cached)] if chunk else []))
+        kept = batch.prefills[:i] + ([(req, chunk, cached)] if chunk else [])
+        return Batch(kept, batch.decode_count, batch.decode_context)
     return batch
 
 

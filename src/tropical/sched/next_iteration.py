@@ -67,6 +67,13 @@ class NextIteration:
         return cls(start, busy, running, steps, tuple(joining), context, tuple(worker.queued()),
                    worker.min_tpot(), peak, tuple(carried))
 
+    def with_joining(self, decoding: Decoding) -> NextIteration:
+        """This iteration with one more request joining its decodes."""
+        req = decoding.request
+        return NextIteration(self.start, self.busy, self.running, self.steps, (*self.joining, decoding),
+                             self.decode_context + req.prompt_len + decoding.generated, self.queued,
+                             self.running_tpot, self.peak_context + req.kv_tokens, self.carried)
+
     @property
     def decode_count(self) -> int:
         return len(self.running) + len(self.joining)

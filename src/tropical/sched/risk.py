@@ -70,12 +70,15 @@ class QueueRisk:
         return self.open
 
 
-@dataclass(slots=True, eq=False)
 class AtRisk(Generic[Owner]):
-    """The at-risk prompts of several queues (each with its owner, in scan order) at ``now``."""
+    """The at-risk prompts of several queues (each with its owner, in scan order) at ``now``.
+    (A plain class: compiled with mypyc, a generic dataclass fails to import.)"""
 
-    queues: Sequence[tuple[Owner, QueueRisk]]
-    now: float
+    __slots__ = ("queues", "now")
+
+    def __init__(self, queues: Sequence[tuple[Owner, QueueRisk]], now: float) -> None:
+        self.queues = queues
+        self.now = now
 
     @property
     def count(self) -> int:
@@ -88,7 +91,8 @@ class AtRisk(Generic[Owner]):
             entries = self._lost_last(self._merged([risk.late for _, risk in self.queues]))
         else:
             entries = self._merged([risk.open_at(self.now) for _, risk in self.queues])
-        return ((e[2], owner, e[4]) for e, owner in entries)
+        for e, owner in entries:  # a loop, not a returned generator expression: compiled, that is a list
+            yield e[2], owner, e[4]
 
     def doomed(self) -> list[tuple[Request, Owner, float]]:
         """The doomed prompts, in scan order."""

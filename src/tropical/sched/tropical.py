@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tropical.core.latency.model import prefill_time
 from tropical.core.latency.shape import BatchShape
@@ -394,8 +394,7 @@ class TropicalPolicy(Policy):
         if self.toggle.chunked:
             limit = min(nxt.min_tpot, req.slo.tpot)
             return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)
-        joined = replace(nxt, joining=(*nxt.joining, Decoding(req, req.generated, req.first_token_at)),
-                         decode_context=nxt.decode_context + req.prompt_len + req.generated)
+        joined = nxt.with_joining(Decoding(req, req.generated, req.first_token_at))
         return joined.fits(worker.latency.iteration_time(joined.shape(list(nxt.queued))), self.toggle.slack)
 
     def _no_prefill_worker(self, req: Request, multiplex: list[WorkerState]) -> Assignment:

@@ -2,7 +2,9 @@
 
 Used to measure how much a policy's gains depend on exact predictions. The error of each
 prediction is a deterministic function of the question asked (the batch shape, the batch size,
-the token count) and the seed, uniform in [-noise, +noise], so runs stay reproducible; ``bias``
+the token count) and the seed, uniform in [-noise, +noise], so runs stay reproducible (keys are
+made of integers only: a string's hash is salted per process, so a key holding one gave every
+process its own errors); ``bias``
 adds the same relative error to every prediction (a profile measured on a faster machine).
 """
 
@@ -14,6 +16,8 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 
 _GOLDEN = 0x9E3779B1
+_DECODE, _TRANSFER = 1, 2
+"""Tags that keep decode-line and transfer questions apart from each other in the error's key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +44,8 @@ class NoisyModel:
 
     def decode_line(self, batch: int) -> tuple[float, float]:
         intercept, slope = self.truth.decode_line(batch)
-        factor = self._factor(("decode", batch))
+        factor = self._factor((_DECODE, batch))
         return intercept * factor, slope * factor
 
     def transfer_time(self, tokens: int) -> float:
-        return self.truth.transfer_time(tokens) * self._factor(("transfer", tokens))
+        return self.truth.transfer_time(tokens) * self._factor((_TRANSFER, tokens))

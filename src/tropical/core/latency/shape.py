@@ -15,7 +15,7 @@ def attention_pairs(new: int, cached: int) -> int:
     return new * cached + new * (new + 1) // 2
 
 
-@dataclass(slots=True, unsafe_hash=True)
+@dataclass(slots=True)
 class BatchShape:
     """Sums over one iteration's spans.
 
@@ -24,7 +24,8 @@ class BatchShape:
 
     A value: never change one (shapes are shared and hashed). Not frozen only because the
     schedulers build about a million per simulated run and a frozen one costs three times as
-    much to build; it hashes as a frozen one would.
+    much to build; it hashes as a frozen one would, by a ``__hash__`` of its own (mypyc compiles
+    that, and the constructor, where it leaves ``unsafe_hash``'s generated ones interpreted).
     """
 
     prefill_tokens: int = 0
@@ -33,6 +34,10 @@ class BatchShape:
     num_prefills: int = 0
     decode_count: int = 0
     decode_context: int = 0
+
+    def __hash__(self) -> int:
+        return hash((self.prefill_tokens, self.prefill_pairs, self.prefill_cached, self.num_prefills,
+                     self.decode_count, self.decode_context))
 
     @classmethod
     def of_spans(cls, prefills: list[tuple[int, int]], decode_contexts: list[int]) -> BatchShape:

@@ -120,3 +120,16 @@ def test_a_compiled_sweep_sends_its_experiments_to_other_processes(native_env):
     compiled = json.loads(_run(argv, native_env))
     plain = json.loads(_run(argv, {**native_env, "TROPICAL_NATIVE": "0"}))
     assert compiled == plain
+
+
+def test_a_build_that_does_not_load_falls_back_to_the_plain_sources(tmp_path):
+    broken = tmp_path / native.source_key() / "tropical"
+    broken.mkdir(parents=True)
+    env = {**os.environ, "TROPICAL_NATIVE_DIR": str(tmp_path)}
+    env.pop("TROPICAL_NATIVE")
+    done = subprocess.run([sys.executable, "-c", "from tropical.native import running\n"
+                           "from tropical.sched.worker import WorkerState\nprint(running())"],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert "does not load" in done.stderr and str(broken.parent) in done.stderr

@@ -124,12 +124,26 @@ def activate(package_path: list[str]) -> bool:
     folder = builds_dir() / source_key()
     if not (folder / "tropical").is_dir():
         return False
+    plain = list(package_path)
     package_path[:] = [str(folder / "tropical")]
     if str(folder) not in sys.path:
         sys.path.append(str(folder))  # mypyc's shared library; the package itself stays first
-    for name in modules():
-        _picklable(importlib.import_module(_module_name(name)))
+    try:
+        for name in modules():
+            _picklable(importlib.import_module(_module_name(name)))
+    except ImportError as err:
+        _fall_back(package_path, plain)
+        print(f"tropical: the compiled build in {folder} does not load ({err}); running the plain "
+              f"sources (delete that folder and run `tropical native build` again)", file=sys.stderr)
+        return False
     return True
+
+
+def _fall_back(package_path: list[str], plain: list[str]) -> None:
+    """Load the package's submodules from ``plain`` again, forgetting any the build loaded."""
+    package_path[:] = plain
+    for name in [m for m in sys.modules if m.startswith("tropical.") and m != __name__]:
+        del sys.modules[name]
 
 
 def _module_name(path: str) -> str:

@@ -31,7 +31,6 @@ LEFT_PURE = {
     "sched/rules.py": "an Enum whose members set attributes in __init__",
 }
 """Modules mypyc cannot compile as written, and why; they run as Python beside the others."""
-_IGNORED = ("__pycache__", "*.so", "*.pyc")
 
 
 class BuildError(RuntimeError):
@@ -73,6 +72,7 @@ def source_key(package: Path = PACKAGE) -> str:
 
 
 def _ignored(path: Path) -> bool:
+    """Not a source: bytecode, and what a build leaves beside the sources."""
     return "__pycache__" in path.parts or path.suffix in (".so", ".pyc")
 
 
@@ -82,8 +82,9 @@ def builds_dir() -> Path:
 
 
 def running() -> bool:
-    """Does this process run the compiled build?"""
-    return Path(next(iter(sys.modules["tropical"].__path__))).parent.parent == builds_dir()
+    """Does this process run the compiled build (the package's submodules load from elsewhere
+    than its sources)?"""
+    return Path(next(iter(sys.modules["tropical"].__path__))).resolve() != PACKAGE
 
 
 def status(package: Path = PACKAGE) -> NativeStatus:
@@ -101,7 +102,8 @@ def build(package: Path = PACKAGE) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".building-") as scratch:
         tree = Path(scratch) / "tree"
-        shutil.copytree(package, tree / "tropical", ignore=shutil.ignore_patterns(*_IGNORED))
+        shutil.copytree(package, tree / "tropical",
+                        ignore=lambda folder, names: [n for n in names if _ignored(Path(folder, n))])
         compiled = [f"tropical/{m}" for m in modules(package)]
         done = subprocess.run([sys.executable, "-m", "mypyc", *compiled], cwd=tree,
                               capture_output=True, text=True)

@@ -25,7 +25,7 @@ class BatchShape:
     A value: never change one (shapes are shared and hashed). Not frozen only because the
     schedulers build about a million per simulated run and a frozen one costs three times as
     much to build; it hashes as a frozen one would, by a ``__hash__`` of its own (mypyc compiles
-    that, and the constructor, where it leaves ``unsafe_hash``'s generated ones interpreted).
+    that one, where it leaves the one ``unsafe_hash`` generates interpreted).
     """
 
     prefill_tokens: int = 0

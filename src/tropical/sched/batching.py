@@ -9,7 +9,7 @@ batch forms.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
@@ -19,11 +19,18 @@ from tropical.sched.worker import WorkerState
 
 @dataclass(slots=True)
 class Batch:
-    """One iteration's work on one worker."""
+    """One iteration's work on one worker (one or two per iteration: a written constructor,
+    see BatchShape)."""
 
-    prefills: list[tuple[Request, int, int]] = field(default_factory=list)
-    decode_count: int = 0
-    decode_context: int = 0
+    prefills: list[tuple[Request, int, int]]
+    decode_count: int
+    decode_context: int
+
+    def __init__(self, prefills: list[tuple[Request, int, int]] | None = None, decode_count: int = 0,
+                 decode_context: int = 0) -> None:
+        self.prefills = [] if prefills is None else prefills
+        self.decode_count = decode_count
+        self.decode_context = decode_context
 
     @property
     def shape(self) -> BatchShape:

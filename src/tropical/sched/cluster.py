@@ -64,14 +64,21 @@ class Fail:
 Effect = Assigned | Wake | Migrate | Free | Fail
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Booking:
     """What an iteration changed: requests that ended (with "length" or "eos"), prompts that
-    completed (their first token is out), and what the substrate must do next."""
+    completed (their first token is out), and what the substrate must do next. One per
+    iteration: a written constructor (see BatchShape)."""
 
     finished: list[tuple[Request, str]]
     prefilled: list[Request]
     effects: list[Effect]
+
+    def __init__(self, finished: list[tuple[Request, str]], prefilled: list[Request],
+                 effects: list[Effect]) -> None:
+        self.finished = finished
+        self.prefilled = prefilled
+        self.effects = effects
 
 
 def no_settle() -> None:

@@ -22,7 +22,8 @@ class Pending:
     attention pairs (their prefill ``shape``), ``kv_new`` tokens of KV still to reserve and
     ``peak`` at their longest. A value: ``plus`` builds a new one (not frozen, and the shape
     not kept as a BatchShape: the toggle builds one per candidate it tries, and a frozen one,
-    or a second object, costs several times as much to build)."""
+    or a second object, costs several times as much to build; a written constructor, as
+    BatchShape's)."""
 
     count: int = 0
     tokens: int = 0
@@ -30,6 +31,15 @@ class Pending:
     peak: int = 0
     pairs: int = 0
     cached: int = 0
+
+    def __init__(self, count: int = 0, tokens: int = 0, kv_new: int = 0, peak: int = 0,
+                 pairs: int = 0, cached: int = 0) -> None:
+        self.count = count
+        self.tokens = tokens
+        self.kv_new = kv_new
+        self.peak = peak
+        self.pairs = pairs
+        self.cached = cached
 
     @classmethod
     def of(cls, worker: WorkerState, requests: Iterable[Request],

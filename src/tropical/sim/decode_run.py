@@ -19,13 +19,21 @@ from tropical.sched.worker import WorkerState
 class DecodeRun:
     """``steps`` iterations of a fixed batch of ``batch`` starting at total context ``context``.
     A value: cutting or settling a run builds a new one (not frozen: runs are cut and settled
-    at most events, and a frozen one costs several times as much to build)."""
+    at most events, and a frozen one costs several times as much to build; a written
+    constructor, as BatchShape's)."""
 
     steps: int
     batch: int
     context: int
     intercept: float
     slope: float
+
+    def __init__(self, steps: int, batch: int, context: int, intercept: float, slope: float) -> None:
+        self.steps = steps
+        self.batch = batch
+        self.context = context
+        self.intercept = intercept
+        self.slope = slope
 
     @classmethod
     def start(cls, worker: WorkerState, steps: int, latency: LatencyModel) -> DecodeRun:

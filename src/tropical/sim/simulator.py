@@ -28,13 +28,22 @@ _ITER_END, _MIGRATED = 0, 1
 
 @dataclass(slots=True)
 class Flight:
-    """What a worker is executing: one batch, or a closed-form run of decode iterations."""
+    """What a worker is executing: one batch, or a closed-form run of decode iterations (one
+    per iteration or run: a written constructor, see BatchShape)."""
 
     start: float
     end: float
     version: int
     batch: Batch
     run: DecodeRun | None = None
+
+    def __init__(self, start: float, end: float, version: int, batch: Batch,
+                 run: DecodeRun | None = None) -> None:
+        self.start = start
+        self.end = end
+        self.version = version
+        self.batch = batch
+        self.run = run
 
 
 @dataclass(slots=True)

@@ -22,10 +22,12 @@ class BatchShape:
     prefill_*: spans with more than one new token or no cached context (prefills and chunks);
     decode_*: one new token over ``context`` cached tokens each.
 
-    A value: never change one (shapes are shared and hashed). Not frozen only because the
-    schedulers build about a million per simulated run and a frozen one costs three times as
-    much to build; it hashes as a frozen one would, by a ``__hash__`` of its own (mypyc compiles
-    that one, where it leaves the one ``unsafe_hash`` generates interpreted).
+    A value: never change one (shapes are shared and hashed). The schedulers build about a
+    million per simulated run, so it is not frozen (a frozen one costs three times as much to
+    build) and it writes its own constructor and ``__hash__`` (it hashes as a frozen one
+    would): mypyc compiles those, where it leaves the ones ``dataclass`` generates interpreted,
+    and a compiled simulation runs the toggle a seventh faster for it. The other values built
+    per iteration or per candidate write their constructors for the same reason.
     """
 
     prefill_tokens: int = 0
@@ -34,6 +36,15 @@ class BatchShape:
     num_prefills: int = 0
     decode_count: int = 0
     decode_context: int = 0
+
+    def __init__(self, prefill_tokens: int = 0, prefill_pairs: int = 0, prefill_cached: int = 0,
+                 num_prefills: int = 0, decode_count: int = 0, decode_context: int = 0) -> None:
+        self.prefill_tokens = prefill_tokens
+        self.prefill_pairs = prefill_pairs
+        self.prefill_cached = prefill_cached
+        self.num_prefills = num_prefills
+        self.decode_count = decode_count
+        self.decode_context = decode_context
 
     def __hash__(self) -> int:
         return hash((self.prefill_tokens, self.prefill_pairs, self.prefill_cached, self.num_prefills,

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from tests.factories import linear_model
 from tropical.core.latency.fitted import FittedModel
-from tropical.core.latency.model import decode_time, prefill_time
+from tropical.core.latency.iterations import decode_time, prefill_time
 from tropical.core.latency.shape import BatchShape
 
 

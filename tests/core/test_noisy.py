@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.factories import linear_model
-from tropical.core.latency.model import decode_time
+from tropical.core.latency.iterations import decode_time
 from tropical.core.latency.noisy import NoisyModel
 from tropical.core.latency.shape import BatchShape
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import tropical
 from tropical.core.latency import roofline
-from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
+from tropical.core.latency.iterations import decode_time, prefill_time
+from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.roofline import Efficiency, OpEfficiency, RooflineModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.specs import A100_80GB, ModelSpec, ReplicaSpec

@@ -2,7 +2,7 @@ import pytest
 
 from tests.factories import linear_model, make_request
 from tests.sim.test_simulator import cluster
-from tropical.core.latency.model import decode_time, prefill_time
+from tropical.core.latency.iterations import decode_time, prefill_time
 from tropical.core.slo import SLO
 from tropical.sim.bound import full_batch, queued_work, request_work, tpot_batch, work_bound
 from tropical.workload.trace import Trace, TraceEntry

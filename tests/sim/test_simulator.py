@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.factories import linear_model, make_request
-from tropical.core.latency.model import decode_time, prefill_time
+from tropical.core.latency.iterations import decode_time, prefill_time
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.kv import KVPool

@@ -13,7 +13,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
+from tropical.core.latency.iterations import decode_time, prefill_time
+from tropical.core.latency.model import LatencyModel
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tropical.core.latency.model import prefill_time
+from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from tropical.core.latency.fitted import FittedModel
-from tropical.core.latency.model import LatencyModel, prefill_time
+from tropical.core.latency.iterations import prefill_time
+from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.online import OnlineLatency
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tropical.core.latency.model import LatencyModel, decode_time, prefill_time
+from tropical.core.latency.iterations import decode_time, prefill_time
+from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO
 from tropical.sim.cluster import ClusterSpec

@@ -3,7 +3,8 @@
 A decode-only iteration must cost ``intercept(batch) + slope * total_context`` exactly, so the
 simulator can advance a run of decode iterations in closed form; ``decode_line`` exposes that
 line. Implementations: ``RooflineModel`` (calibrated on measured per-op profiles) and
-``FittedModel`` (coefficients from the engine's profiler).
+``FittedModel`` (coefficients from the engine's profiler). ``iterations.py`` prices a lone
+prefill and a decode batch through it.
 """
 
 from __future__ import annotations
@@ -29,13 +30,3 @@ class LatencyModel(Protocol):
         """Time to migrate the KV of ``tokens`` tokens to another replica over the link."""
         ...
 
-
-def prefill_time(model: LatencyModel, new: int, cached: int = 0) -> float:
-    """One prefill alone on an idle replica: the light-load TTFT."""
-    return model.iteration_time(BatchShape.prefill(new, cached))
-
-
-def decode_time(model: LatencyModel, batch: int, total_context: int) -> float:
-    """One decode-only iteration through the closed-form line."""
-    intercept, slope = model.decode_line(batch)
-    return intercept + slope * total_context

@@ -37,6 +37,15 @@ def test_spread_is_mean_min_max_without_nans() -> None:
     assert math.isnan(Spread.of([math.nan]).mean)
 
 
+def test_equal_repeats_have_their_value_as_mean_low_and_high() -> None:
+    """Three equal floats can average an ulp below their value; the spread must still hold it
+    (a negative whisker stopped the study's figure)."""
+    value = 0.8444218515250481
+    spread = Spread.of([value] * 3)
+    assert spread.mean == spread.low == spread.high == value
+    assert spread.contains(value) and spread.relative_width == 0
+
+
 def test_real_is_the_spread_of_repeats_and_sim_the_mean_of_their_twins() -> None:
     p = PolicyRepeats("chunked", (run("chunked", 0.4, 0.5, (1.0, 2.0)), run("chunked", 0.6, 0.7, (3.0, 2.0))))
     real, sim, err = p.real(), p.sim(), p.errors()

@@ -30,7 +30,8 @@ NUMBERS = (*METRICS, *GOODPUTS, *STREAM_METRICS)
 
 @dataclass(frozen=True, slots=True)
 class Spread:
-    """The mean of one number over repeats, and the lowest and highest repeat (NaNs left out)."""
+    """The mean of one number over repeats, and the lowest and highest repeat (NaNs left out).
+    The mean is kept within them: the mean of equal floats can round an ulp outside."""
 
     mean: float
     low: float
@@ -41,7 +42,8 @@ class Spread:
         finite = [x for x in samples if not math.isnan(x)]
         if not finite:
             return cls(math.nan, math.nan, math.nan)
-        return cls(statistics.fmean(finite), min(finite), max(finite))
+        low, high = min(finite), max(finite)
+        return cls(min(max(statistics.fmean(finite), low), high), low, high)
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high

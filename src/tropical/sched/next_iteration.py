@@ -29,7 +29,7 @@ class NextIteration:
     The decodes are ``running`` (each with ``steps - step_base`` tokens by then; the tightest
     TPOT SLO among them is ``running_tpot``) and ``joining`` (the others, each with its own
     count). A value (not frozen: one is built per worker and scheduling round, and a frozen
-    one costs several times as much to build).
+    one costs several times as much to build; a written constructor, as BatchShape's).
     """
 
     start: float
@@ -44,6 +44,15 @@ class NextIteration:
     carried: tuple[tuple[Request, int], ...] = ()
     _budget: TpotBudget | None = field(default=None, init=False, repr=False, compare=False)
     _min_tpot: float | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __init__(self, start: float, busy: bool, running: tuple[Request, ...], steps: int,
+                 joining: tuple[Decoding, ...], decode_context: int, queued: tuple[Request, ...],
+                 running_tpot: float, peak_context: int = 0,
+                 carried: tuple[tuple[Request, int], ...] = ()) -> None:
+        self.start, self.busy, self.running, self.steps = start, busy, running, steps
+        self.joining, self.decode_context, self.queued = joining, decode_context, queued
+        self.running_tpot, self.peak_context, self.carried = running_tpot, peak_context, carried
+        self._budget, self._min_tpot = None, None
 
     @classmethod
     def of(cls, worker: WorkerState, now: float) -> NextIteration:

@@ -26,9 +26,9 @@ class Batch:
     decode_count: int
     decode_context: int
 
-    def __init__(self, prefills: list[tuple[Request, int, int]] | None = None, decode_count: int = 0,
+    def __init__(self, prefills: list[tuple[Request, int, int]], decode_count: int = 0,
                  decode_context: int = 0) -> None:
-        self.prefills = [] if prefills is None else prefills
+        self.prefills = prefills
         self.decode_count = decode_count
         self.decode_context = decode_context
 

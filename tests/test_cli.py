@@ -45,7 +45,7 @@ def test_sweep_reports_capacity_per_policy(capsys, profile):
     assert all(v > 0 for v in out["capacity_rps"].values())
     assert out["stream_capacity_rps"]["colocated"] < out["capacity_rps"]["colocated"]  # it stalls
     assert all(out["stream_capacity_rps"][p] <= out["capacity_rps"][p] for p in out["capacity_rps"])
-    assert out["bound_rps"] > 0
+    assert 0 < out["pooled_bound_rps"] <= out["bound_rps"]
 
 
 def test_sweep_bound_falls_with_a_tight_tpot_slo(capsys, profile):

@@ -26,6 +26,7 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
             assert ratio == pytest.approx(capacity[policy] / best), (metric, policy)
     assert all(result["stream_capacity_rps"][p] <= result["capacity_rps"][p] for p in policies)
     assert result["bound_rps"] > 0     # a finite slice may be served past it (the report shows deferral)
+    assert 0 < result["pooled_bound_rps"] <= result["bound_rps"]    # the trace's bursts kept
     for name in ("report.md", "attainment_vs_rate.png", "latency_cdfs.png", "queueing.png",
                  "reproduction.json"):
         assert (out / name).stat().st_size > 0
@@ -38,8 +39,11 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     slo_bounds = sensitivity["SLO"]["bound_rps"]
     assert set(slo_bounds) == set(sensitivity["SLO"]["capacity_rps"])
     assert slo_bounds["TPOT 1.5x, TTFT 5x"] <= slo_bounds["TPOT 3x, TTFT 5x"]  # tight TPOT, small batches
+    pooled = sensitivity["trace"]["pooled_bound_rps"]
+    assert all(0 < pooled[t] <= sensitivity["trace"]["bound_rps"][t] for t in pooled)
     report = (out / "report.md").read_text()
-    for heading in ("Goodput capacity", "Work bound", "of bound", "work bound (most vs best baseline)",
+    for heading in ("Goodput capacity", "Work bound", "Pooled bound", "of work / pooled bound",
+                    "work bound (most vs best baseline)", "pooled bound (most vs best baseline)",
                     "Headroom in the sensitivity rows", "work queued at last arrival", "Analysis",
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
                     "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall"):

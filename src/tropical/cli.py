@@ -107,23 +107,27 @@ def cmd_sim(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tropical.sim.bound import bound_of
     from tropical.sim.build import experiment
+    from tropical.sim.pooled_bound import pooled_bound
     from tropical.sim.sweep import sweep
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     exp = experiment(_config(args))
     found = sweep(exp, policies, target=args.target, rel_tol=args.tol, jobs=args.jobs,
                   show_progress=not args.json)
-    bound = bound_of(exp).rate_rps
+    bound, pooled = bound_of(exp).rate_rps, pooled_bound(exp, args.target, args.tol)
     if args.json:
         print(json.dumps({"capacity_rps": {p: c.capacity_rps for p, c in found.items()},
                           "stream_capacity_rps": {p: c.stream_capacity_rps for p, c in found.items()},
                           "rate_scale": {p: c.result.rate_scale for p, c in found.items()},
-                          "bound_rps": bound, "target": args.target, "rel_tol": args.tol,
+                          "bound_rps": bound, "pooled_bound_rps": pooled, "target": args.target,
+                          "rel_tol": args.tol,
                           "trace": exp.trace.name, "requests": len(exp.trace)}))
     else:
         print(capacity_table(found, args.target))
         print(f"work bound: {bound:.3f} req/s (no policy serves this trace faster without "
               "deferring work past its end)")
+        print(f"pooled bound: {pooled:.3f} req/s (an ideal pooled cluster with the trace's bursts "
+              f"kept: {args.target:.0%} of requests within their TTFT SLO)")
     return 0
 
 

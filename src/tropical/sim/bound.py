@@ -19,7 +19,7 @@ from tropical.core.latency.iterations import decode_time, prefill_time
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO
-from tropical.sim.cluster import ClusterSpec
+from tropical.sim.cluster import ClusterSpec, WorkerSpec
 from tropical.sim.run import Experiment, request_slos
 from tropical.workload.trace import Trace
 
@@ -84,19 +84,24 @@ def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int,
         raise ValueError("the work bound needs a trace with requests")
     if slos is not None and len(slos) != len(trace):
         raise ValueError(f"the work bound needs one SLO per request: {len(slos)} for {len(trace)}")
-    context = sum(e.input_len + e.output_len / 2 for e in trace.entries) / len(trace)
-    rate, parts = 0.0, []
-    for spec in cluster.workers:
-        most = full_batch(trace, spec.kv_capacity_tokens, max_seqs)
-        batches = ([most] * len(trace) if slos is None else
-                   [tpot_batch(spec.latency, slo.tpot, context, most) for slo in slos])
-        works = [request_work(spec.latency, e.input_len, e.output_len, b)
-                 for e, b in zip(trace.entries, batches, strict=True)]
-        rate += len(works) / sum(w.total for w in works)
-        parts.append((works, sorted(batches)[len(batches) // 2]))
-    works, batch = parts[0]
+    parts = [worker_works(trace, spec, max_seqs, slos) for spec in cluster.workers]
+    rate = sum(len(works) / sum(w.total for w in works) for works, _ in parts)
+    works, batches = parts[0]
     return WorkBound(rate, sum(w.prefill for w in works) / len(works),
-                     sum(w.decode for w in works) / len(works), batch, len(cluster.workers))
+                     sum(w.decode for w in works) / len(works), sorted(batches)[len(batches) // 2],
+                     len(cluster.workers))
+
+
+def worker_works(trace: Trace, spec: WorkerSpec, max_seqs: int,
+                 slos: Sequence[SLO] | None) -> tuple[list[Work], list[int]]:
+    """Each request's work on one worker, and the decode batch it was priced at (the largest
+    the KV holds, and with ``slos`` also one that keeps the request's TPOT SLO)."""
+    context = sum(e.input_len + e.output_len / 2 for e in trace.entries) / len(trace)
+    most = full_batch(trace, spec.kv_capacity_tokens, max_seqs)
+    batches = ([most] * len(trace) if slos is None else
+               [tpot_batch(spec.latency, slo.tpot, context, most) for slo in slos])
+    return ([request_work(spec.latency, e.input_len, e.output_len, b)
+             for e, b in zip(trace.entries, batches, strict=True)], batches)
 
 
 def bound_of(exp: Experiment) -> WorkBound:

@@ -1,7 +1,8 @@
 """The paper's evaluation on the paper cluster, plus the ablation and sensitivity studies.
 
 Capacities of every policy on the full trace under both attainments (the paper's mean TPOT,
-and stream attainment, which also bounds every gap between two tokens) against the work bound;
+and stream attainment, which also bounds every gap between two tokens) against the work bound
+and the pooled bound (the work bound with the trace's bursts kept);
 each policy at its own capacity (work left queued at the last arrival, tail TTFT); latency
 distributions at a common rate (the best baseline's capacity); attainment against rate; and
 capacity ratios for the toggle's mechanisms one by one, under predictor noise, other role
@@ -22,6 +23,7 @@ from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, bound_of, queued_work
+from tropical.sim.pooled_bound import pooled_bound
 from tropical.sim.run import Experiment, SimResult
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
@@ -55,24 +57,27 @@ SHORT_PROMPTS = 0.25
 class Study:
     """Capacities (req/s) of some policies under named variants of one setting, under the
     paper's attainment (``capacity``) and stream attainment (``stream``), and each variant's
-    work bound (``bound``, req/s)."""
+    work bound (``bound``) and pooled bound (``pooled``), in req/s."""
 
     title: str
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
     stream: dict[str, dict[str, float]] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
+    pooled: dict[str, float] = field(default_factory=dict)
 
     def ratios(self, stream: bool = False) -> dict[str, dict[str, float]]:
         """Each policy's capacity over the best baseline's in the same variant."""
         out = {}
         for variant, caps in (self.stream if stream else self.capacity).items():
-            out[variant] = {p: _ratio(c, best_of(caps)) for p, c in caps.items()}
+            out[variant] = {p: ratio(c, best_of(caps)) for p, c in caps.items()}
         return out
 
-    def headroom(self, variant: str, stream: bool = False) -> float:
-        """The bound over the variant's best baseline: the largest ratio any policy could reach
-        without deferring work past the trace's end."""
-        return _ratio(self.bound[variant], best_of((self.stream if stream else self.capacity)[variant]))
+    def headroom(self, variant: str, stream: bool = False, pooled: bool = False) -> float:
+        """The work bound (or the pooled bound) over the variant's best baseline: the largest
+        ratio any policy could reach without deferring work past the trace's end (on a cluster
+        as ideal as the pooled one)."""
+        bound = (self.pooled if pooled else self.bound)[variant]
+        return ratio(bound, best_of((self.stream if stream else self.capacity)[variant]))
 
     def add(self, variant: str, policy: str, found: PolicyCapacity) -> None:
         self.capacity.setdefault(variant, {})[policy] = found.capacity_rps
@@ -102,7 +107,8 @@ def best_of(caps: dict[str, float]) -> float:
     return max((c for p, c in caps.items() if is_baseline(p)), default=0.0)
 
 
-def _ratio(value: float, best: float) -> float:
+def ratio(value: float, best: float) -> float:
+    """``value`` over ``best`` (NaN when there is no ``best``: nothing to compare with)."""
     return value / best if best else float("nan")
 
 
@@ -139,6 +145,7 @@ class Reproduction:
     slack: dict[str, float]
     bound: WorkBound
     at_own: dict[str, AtRate]
+    pooled_rps: float
 
     @property
     def best_baseline(self) -> str:
@@ -150,11 +157,11 @@ class Reproduction:
 
     def ratio_vs_best_baseline(self) -> dict[str, float]:
         best = self.capacity[self.best_baseline].capacity_rps
-        return {p: _ratio(c.capacity_rps, best) for p, c in self.capacity.items()}
+        return {p: ratio(c.capacity_rps, best) for p, c in self.capacity.items()}
 
     def stream_ratio_vs_best_baseline(self) -> dict[str, float]:
         best = self.capacity[self.best_stream_baseline].stream_capacity_rps
-        return {p: _ratio(c.stream_capacity_rps, best) for p, c in self.capacity.items()}
+        return {p: ratio(c.stream_capacity_rps, best) for p, c in self.capacity.items()}
 
     def headline(self) -> dict:
         """The ``--json`` line: capacities and ratios under both attainments, and the bound."""
@@ -164,6 +171,7 @@ class Reproduction:
             "stream_capacity_rps": {p: c.stream_capacity_rps for p, c in self.capacity.items()},
             "stream_ratio_vs_best_baseline": self.stream_ratio_vs_best_baseline(),
             "bound_rps": self.bound.rate_rps,
+            "pooled_bound_rps": self.pooled_rps,
         }
 
     def as_dict(self) -> dict:
@@ -178,7 +186,8 @@ class Reproduction:
             "common_rate_rps": self.common_scale * self.base.trace.mean_rate,
             "at_common_rate": {p: a.as_dict() for p, a in self.at_common.items()},
             "sensitivity": {s.title: {"capacity_rps": s.capacity, "stream_capacity_rps": s.stream,
-                                      "bound_rps": s.bound} for s in self.studies},
+                                      "bound_rps": s.bound, "pooled_bound_rps": s.pooled}
+                            for s in self.studies},
             "slack": self.slack,
         }
 
@@ -200,7 +209,7 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
     return Reproduction(base, caps, common, {p: _at_rate(runs[(p, "common")], bound) for p in names},
                         curve, studies, slack_budget(base), bound,
-                        {p: _at_rate(runs[(p, "own")], bound) for p in names})
+                        {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled_bound(base))
 
 
 def _at_rate(run: SimResult, bound: WorkBound) -> AtRate:
@@ -270,6 +279,7 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
         study.add(variant, policy, cap)
         if variant not in study.bound:
             study.bound[variant] = bound_of(jobs[(title, variant, policy)]).rate_rps
+            study.pooled[variant] = pooled_bound(jobs[(title, variant, policy)])
     reference = f"±{0:.0%}"
     _share_baselines(studies["ablation"], studies["predictor noise"], reference, fixed)
     _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, fixed)

@@ -84,12 +84,17 @@ def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int,
         raise ValueError("the work bound needs a trace with requests")
     if slos is not None and len(slos) != len(trace):
         raise ValueError(f"the work bound needs one SLO per request: {len(slos)} for {len(trace)}")
-    parts = [worker_works(trace, spec, max_seqs, slos) for spec in cluster.workers]
+    return bound_from([worker_works(trace, spec, max_seqs, slos) for spec in cluster.workers])
+
+
+def bound_from(parts: Sequence[tuple[list[Work], list[int]]]) -> WorkBound:
+    """The bound of workers whose requests' works (and decode batches) ``worker_works`` priced,
+    the first worker's being the reference."""
     rate = sum(len(works) / sum(w.total for w in works) for works, _ in parts)
     works, batches = parts[0]
     return WorkBound(rate, sum(w.prefill for w in works) / len(works),
                      sum(w.decode for w in works) / len(works), sorted(batches)[len(batches) // 2],
-                     len(cluster.workers))
+                     len(parts))
 
 
 def worker_works(trace: Trace, spec: WorkerSpec, max_seqs: int,

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 
 from tropical.core.capacity import find_capacity
-from tropical.sim.bound import bound_of, worker_works
+from tropical.sim.bound import bound_from, worker_works
 from tropical.sim.run import Experiment, request_slos
 
 
@@ -56,9 +56,9 @@ def deadline_attainment(jobs: Sequence[tuple[float, float, float]], speed: float
 
 def pooled_bound(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> float:
     """The pooled bound of an experiment's trace, cluster and SLOs, in requests per second."""
-    bound = bound_of(exp)
     slos = request_slos(exp)
     parts = [worker_works(exp.trace, spec, exp.params.max_seqs, slos) for spec in exp.cluster.workers]
+    bound = bound_from(parts)
     reference = parts[0][0]
     total = sum(w.total for w in reference)
     speed = sum(total / sum(w.total for w in works) for works, _ in parts)

@@ -24,7 +24,7 @@ def _style(policy: str) -> dict:
 
 
 def attainment_vs_rate(rep: Reproduction, path: Path) -> Path:
-    """Both attainments against rate, with the work bound marked."""
+    """Both attainments against rate, with the work bound and the pooled bound marked."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for column, (ax, title) in enumerate(zip(axes, ("SLO attainment (mean TPOT)",
                                                     "stream attainment (every gap ≤ TBT SLO)"),
@@ -34,6 +34,7 @@ def attainment_vs_rate(rep: Reproduction, path: Path) -> Path:
             ax.plot(rates, [p[1 + column] for p in points], marker="o", **_style(policy))
         ax.axhline(0.9, color="black", linewidth=0.8, linestyle=":")
         ax.axvline(rep.bound.rate_rps, color="black", linewidth=0.8, linestyle="-.", label="work bound")
+        ax.axvline(rep.pooled_rps, color="grey", linewidth=0.8, linestyle="--", label="pooled bound")
         ax.set(xlabel="request rate (req/s)", ylim=(0, 1.02), title=title)
     axes[0].set(ylabel="fraction of requests")
     axes[0].legend(fontsize=7)

@@ -245,3 +245,13 @@ def test_the_toggle_learns_a_biased_profile_from_its_own_iterations(bias):
         shape = ran[worker.role]
         assert worker.latency.iteration_time(shape) == pytest.approx(
             CLUSTER.reference.iteration_time(shape), rel=0.01)
+
+
+def test_tropical_plus_with_demotion_serves_the_prompts_it_yields_last_and_only_doomed_ones():
+    requests = bursty([(3000, 20)] * 40 + [(200, 20)] * 40, gap=0.005)
+    sim, result = simulate("tropical+", requests, chunked=True, laxity=True, least_loaded=True,
+                           demote_doomed=True)
+    yielded = [r for r in requests if r.yielded]
+    assert yielded, "the burst should leave some prompts out of reach"
+    assert all(r.finish is not None for r in requests)                  # yielded, never dropped
+    assert all(r.first_token - r.arrival > r.slo.ttft for r in yielded)   # only doomed ones yield

@@ -243,3 +243,22 @@ def test_min_tpot_follows_the_running_batch_through_joins_finishes_and_aborts():
     assert worker.min_tpot() == 0.1
     worker.abort(middle)
     assert worker.min_tpot() == 0.2
+
+
+def test_a_prompt_that_yielded_waits_behind_every_prompt_that_can_still_make_it():
+    from tropical.core.request import PrefillPath
+    from tropical.sched.policy import Assignment, apply
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True))
+    hopeless = [make_request(i, arrival=0.0, ttft=0.01) for i in range(2)]
+    for req in hopeless:
+        apply(Assignment(req, 0, PrefillPath.FALLBACK, "out of reach", yields=True), [worker])
+    later = make_request(2, arrival=1.0, ttft=5.0)
+    worker.enqueue(later)
+    urgent = make_request(3, arrival=1.0, ttft=0.5)
+    worker.enqueue(urgent)
+    assert [r.id for r in worker.waiting] == [3, 2, 0, 1]      # by slack, then the yielded in order
+    assert all(r.yielded for r in hopeless) and not later.yielded
+    apply(Assignment(hopeless[0], 0, PrefillPath.FALLBACK, "moved", from_worker=0), [worker])
+    assert hopeless[0].yielded                                # once out of reach, always

@@ -28,7 +28,9 @@ class Request:
 
     ``max_gap`` is the longest time between two of its tokens booked so far (the worker that
     decodes it books the gaps; see ``WorkerState``); ``gap_step`` is the worker's decode step
-    from which that worker's gap history applies to it.
+    from which that worker's gap history applies to it. ``yielded``: its TTFT SLO is out of
+    reach and it gave up its place in a prefill queue (demotion), so it waits there behind every
+    prompt that can still meet its SLO.
     """
 
     id: int
@@ -48,6 +50,7 @@ class Request:
     migration_time: float = 0.0
     error: str | None = None
     max_gap: float = 0.0
+    yielded: bool = False
     step_base: int = field(default=0, repr=False)
     gap_step: int = field(default=0, repr=False)
 

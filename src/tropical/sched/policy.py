@@ -20,7 +20,8 @@ from tropical.sched.worker import WorkerState
 class Assignment:
     """Prefill ``request`` on worker ``worker_id``; ``path`` and ``reason`` are recorded on it.
 
-    ``from_worker`` names the worker whose queue the request leaves (a reassignment).
+    ``from_worker`` names the worker whose queue the request leaves (a reassignment); ``yields``:
+    the request gives up its place there for good (see ``Request.yielded``).
     """
 
     request: Request
@@ -28,6 +29,7 @@ class Assignment:
     path: PrefillPath
     reason: str
     from_worker: int | None = None
+    yields: bool = False
 
 
 def apply(assignment: Assignment, workers: Sequence[WorkerState]) -> WorkerState:
@@ -36,6 +38,7 @@ def apply(assignment: Assignment, workers: Sequence[WorkerState]) -> WorkerState
     if assignment.from_worker is not None:
         workers[assignment.from_worker].abort(req)
     req.path, req.reason, req.prefill_worker = assignment.path, assignment.reason, worker.id
+    req.yielded = req.yielded or assignment.yields
     worker.enqueue(req)
     return worker
 

@@ -195,7 +195,7 @@ class TropicalPolicy(Policy):
         self._demoted_ids.add(req.id)
         return Assignment(req, source.id, PrefillPath.FALLBACK,
                           "TTFT already out of reach; yielded its place in the prefill queue",
-                          source.id)
+                          source.id, yields=True)
 
     def _plan_checks(self, req: Request, multiplex: list[WorkerState],
                      plans: dict[int, Pending], now: float, path1_finish: float) -> None:

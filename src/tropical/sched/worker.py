@@ -176,7 +176,10 @@ class WorkerState:
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
 
     def latest_start(self, req: Request) -> float:
-        """When ``req``'s prefill must start here to meet its TTFT SLO."""
+        """When ``req``'s prefill must start here to meet its TTFT SLO (never, for one that
+        yielded: laxity order keeps it behind every prompt that can still make it)."""
+        if req.yielded:
+            return math.inf
         return req.arrival + req.slo.ttft - self.prefill_cost(req)
 
     def _laxity_slot(self, req: Request) -> int:

@@ -43,6 +43,8 @@ ABLATION: dict[str, dict[str, object]] = {
                                                                  "least_loaded": True},
     "the same + roles both ways": {"chunked": True, "laxity": True, "least_loaded": True,
                                    "flex": True},
+    "tropical+ with demotion": {"chunked": True, "laxity": True, "least_loaded": True,
+                                "demote_doomed": True},
     "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
 }
 """Toggle variants, each one mechanism more than the paper's (demotion disclosed separately)."""

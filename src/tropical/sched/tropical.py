@@ -94,7 +94,6 @@ class TropicalPolicy(Policy):
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._lineups: dict[int, Lineup] = {}
-        self._demoted_ids: set[int] = set()
         self._risks: dict[int, QueueRisk] = {}
         self._roles = RoleSwitch()
 
@@ -164,7 +163,7 @@ class TropicalPolicy(Policy):
         if not self.toggle.demote_doomed:
             return moves
         return moves + [self._demoted(req, source) for req, source, _ in at_risk.doomed()
-                        if req.id not in self._demoted_ids]
+                        if not req.yielded]
 
     def _multiplex_at_risk(self, at_risk: Iterable[_AtRisk],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
@@ -192,7 +191,6 @@ class TropicalPolicy(Policy):
 
     def _demoted(self, req: Request, source: WorkerState) -> Assignment:
         """Send a hopeless request to the back of its queue so that others can still attain."""
-        self._demoted_ids.add(req.id)
         return Assignment(req, source.id, PrefillPath.FALLBACK,
                           "TTFT already out of reach; yielded its place in the prefill queue",
                           source.id, yields=True)

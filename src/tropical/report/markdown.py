@@ -227,11 +227,13 @@ def _headroom_sentence(rep: Reproduction, pooled: bool) -> str:
     most = max(rows, key=lambda k: rows[k][0])
     low = min(rows, key=lambda k: rows[k][1])
     high = max(rows, key=lambda k: rows[k][1])
-    name, limit = (("pooled bound", "on a cluster as ideal as the pooled one") if pooled else
-                   ("work bound", "without deferring work"))
+    name, meaning = (("pooled bound", "what an ideal cluster reaches over the best baseline there "
+                      "with the trace's bursts kept (an ideal, not a proof)") if pooled else
+                     ("work bound", "no policy can beat the best baseline by more there without "
+                      "deferring work"))
     return (f"**Headroom in the sensitivity rows** (paper's metric, {name}). The {name} is "
             f"{rows[least][0]:.2f}x the best baseline in {_row(least)} and up to {rows[most][0]:.2f}x "
-            f"in {_row(most)}: no policy can beat the best baseline by more there {limit}. "
+            f"in {_row(most)}: {meaning}. "
             f"`tropical+` reaches {rows[low][1]:.0%} of the bound in {_row(low)} and up to "
             f"{rows[high][1]:.0%} in {_row(high)}.")
 

@@ -27,10 +27,9 @@ from collections.abc import Sequence
 
 from tropical.config import SimConfig
 from tropical.report.tables import render
-from tropical.sim.bound import worker_works
 from tropical.sim.build import experiment
-from tropical.sim.pooled_bound import deadline_attainment
-from tropical.sim.run import Experiment, request_slos, simulate
+from tropical.sim.pooled_bound import PooledCluster, deadline_attainment
+from tropical.sim.run import simulate
 
 
 def separate_attainment(jobs: Sequence[tuple[float, float, float]], servers: int, speed: float,
@@ -56,15 +55,10 @@ def separate_attainment(jobs: Sequence[tuple[float, float, float]], servers: int
     return met / len(order)
 
 
-def ideals(exp: Experiment, rate: float) -> dict[str, float]:
+def ideals(pooled: PooledCluster, rate: float) -> dict[str, float]:
     """TTFT attainment of the three ideal clusters at ``rate`` req/s."""
-    slos = request_slos(exp)
-    works, _ = worker_works(exp.trace, exp.cluster.workers[0], exp.params.max_seqs, slos)
-    scale = rate / exp.trace.mean_rate
-    servers = len(exp.cluster.workers)
-    speed = servers - rate * sum(w.decode for w in works) / len(works)
-    jobs = [(e.arrival / scale, w.prefill, e.arrival / scale + slo.ttft)
-            for e, w, slo in zip(exp.trace.entries, works, slos, strict=True)]
+    jobs, speed = pooled.jobs(rate), pooled.prefill_speed(rate)
+    servers = len(pooled.exp.cluster.workers)
     return {"pooled": deadline_attainment(jobs, speed),
             "separate, yielding": separate_attainment(jobs, servers, speed / servers, True),
             "separate, no yielding": separate_attainment(jobs, servers, speed / servers, False)}
@@ -79,12 +73,13 @@ def main() -> None:
     args = parser.parse_args()
     base = experiment(SimConfig(trace=args.trace, limit=args.limit).with_preset())
     policies = args.policies.split(",")
+    pooled = PooledCluster.of(base)
     rows = []
     for rate in (float(r) for r in args.rates.split(",")):
         simulated = [simulate(base.with_policy(p).at_rate(rate / base.trace.mean_rate)).summary.attainment
                      for p in policies]
         rows.append([f"{rate:g}", *(f"{a:.1%}" for a in simulated),
-                     *(f"{a:.1%}" for a in ideals(base, rate).values())])
+                     *(f"{a:.1%}" for a in ideals(pooled, rate).values())])
     print(render(["rate (req/s)", *policies, "pooled (TTFT)", "separate, yielding (TTFT)",
                   "separate, no yielding (TTFT)"], rows))
 

@@ -105,16 +105,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tropical.sim.bound import bound_of
     from tropical.sim.build import experiment
-    from tropical.sim.pooled_bound import pooled_bound
+    from tropical.sim.pooled_bound import PooledCluster
     from tropical.sim.sweep import sweep
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     exp = experiment(_config(args))
     found = sweep(exp, policies, target=args.target, rel_tol=args.tol, jobs=args.jobs,
                   show_progress=not args.json)
-    bound, pooled = bound_of(exp).rate_rps, pooled_bound(exp, args.target, args.tol)
+    cluster = PooledCluster.of(exp)
+    bound, pooled = cluster.bound.rate_rps, cluster.capacity(args.target, args.tol)
     if args.json:
         print(json.dumps({"capacity_rps": {p: c.capacity_rps for p, c in found.items()},
                           "stream_capacity_rps": {p: c.stream_capacity_rps for p, c in found.items()},

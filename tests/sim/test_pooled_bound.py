@@ -4,8 +4,7 @@ from hypothesis import strategies as st
 
 from tests.sim.test_simulator import cluster
 from tropical.core.slo import SLOSpec
-from tropical.sim.bound import bound_of
-from tropical.sim.pooled_bound import deadline_attainment, pooled_bound
+from tropical.sim.pooled_bound import PooledCluster, deadline_attainment
 from tropical.sim.run import Experiment
 from tropical.workload.trace import Trace, TraceEntry
 
@@ -66,13 +65,14 @@ def _experiment(entries: list[TraceEntry]) -> Experiment:
 def test_on_an_even_trace_the_pooled_bound_nears_the_work_bound_and_a_bursty_one_falls_short():
     even = _experiment([TraceEntry(float(i), 2000, 20) for i in range(400)])
     bursty = _experiment([TraceEntry(float(40 * (i // 40)), 2000, 20) for i in range(400)])
-    work = bound_of(even).rate_rps
-    assert bound_of(bursty).rate_rps == pytest.approx(work)
-    assert 0.9 * work <= pooled_bound(even) <= work
-    assert pooled_bound(bursty) < 0.5 * work
+    even_cluster, bursty_cluster = PooledCluster.of(even), PooledCluster.of(bursty)
+    work = even_cluster.bound.rate_rps
+    assert bursty_cluster.bound.rate_rps == pytest.approx(work)
+    assert 0.9 * work <= even_cluster.capacity() <= work
+    assert bursty_cluster.capacity() < 0.5 * work
 
 
 def test_the_pooled_bound_follows_the_ttft_slo_a_lone_prompt_must_meet():
     exp = _experiment([TraceEntry(float(i), 2000, 20) for i in range(50)])
     tight = Experiment(exp.trace, exp.cluster, exp.policy, slo=SLOSpec(ttft_scale=0.5, tpot_scale=5.0))
-    assert pooled_bound(tight) < pooled_bound(exp)
+    assert PooledCluster.of(tight).capacity() < PooledCluster.of(exp).capacity()

@@ -215,8 +215,9 @@ def _ablation_sentences(rep: Reproduction) -> list[str]:
 def _headroom_sentences(rep: Reproduction) -> list[str]:
     """How far each sensitivity row's best baseline is from its bound, and how much of the bound
     ``tropical+`` takes, at the extremes."""
-    return [_headroom_sentence(rep, pooled) for pooled in (False, True)
-            if any("tropical+" in caps for s in rep.studies for caps in s.capacity.values())]
+    if not any("tropical+" in caps for s in rep.studies for caps in s.capacity.values()):
+        return []
+    return [_headroom_sentence(rep, pooled) for pooled in (False, True)]
 
 
 def _headroom_sentence(rep: Reproduction, pooled: bool) -> str:

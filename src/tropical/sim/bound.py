@@ -20,7 +20,6 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO
 from tropical.sim.cluster import ClusterSpec, WorkerSpec
-from tropical.sim.run import Experiment, request_slos
 from tropical.workload.trace import Trace
 
 
@@ -80,11 +79,17 @@ def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int,
                slos: Sequence[SLO] | None = None) -> WorkBound:
     """Requests per second the cluster would serve if every worker were always busy; with
     ``slos`` (one per trace entry), decode batches keep each request's TPOT SLO too."""
+    return bound_from(cluster_works(trace, cluster, max_seqs, slos))
+
+
+def cluster_works(trace: Trace, cluster: ClusterSpec, max_seqs: int,
+                  slos: Sequence[SLO] | None = None) -> list[tuple[list[Work], list[int]]]:
+    """``worker_works`` of every worker of the cluster, the first being the reference."""
     if not len(trace):
         raise ValueError("the work bound needs a trace with requests")
     if slos is not None and len(slos) != len(trace):
         raise ValueError(f"the work bound needs one SLO per request: {len(slos)} for {len(trace)}")
-    return bound_from([worker_works(trace, spec, max_seqs, slos) for spec in cluster.workers])
+    return [worker_works(trace, spec, max_seqs, slos) for spec in cluster.workers]
 
 
 def bound_from(parts: Sequence[tuple[list[Work], list[int]]]) -> WorkBound:
@@ -107,11 +112,6 @@ def worker_works(trace: Trace, spec: WorkerSpec, max_seqs: int,
                [tpot_batch(spec.latency, slo.tpot, context, most) for slo in slos])
     return ([request_work(spec.latency, e.input_len, e.output_len, b)
              for e, b in zip(trace.entries, batches, strict=True)], batches)
-
-
-def bound_of(exp: Experiment) -> WorkBound:
-    """The work bound of an experiment's trace and cluster, under its requests' SLOs."""
-    return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp))
 
 
 def queued_work(requests: Sequence[Request], latency: LatencyModel, batch: int,

@@ -16,9 +16,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tropical.core.capacity import find_capacity
-from tropical.sim.bound import bound_from, worker_works
+from tropical.core.slo import SLO
+from tropical.sim.bound import Work, WorkBound, bound_from, cluster_works
 from tropical.sim.run import Experiment, request_slos
 
 
@@ -54,24 +56,49 @@ def deadline_attainment(jobs: Sequence[tuple[float, float, float]], speed: float
     return met / len(order)
 
 
-def pooled_bound(exp: Experiment, target: float = 0.9, rel_tol: float = 0.02) -> float:
-    """The pooled bound of an experiment's trace, cluster and SLOs, in requests per second."""
-    slos = request_slos(exp)
-    parts = [worker_works(exp.trace, spec, exp.params.max_seqs, slos) for spec in exp.cluster.workers]
-    bound = bound_from(parts)
-    reference = parts[0][0]
-    total = sum(w.total for w in reference)
-    speed = sum(total / sum(w.total for w in works) for works, _ in parts)
-    decode = sum(w.decode for w in reference) / len(reference)
+@dataclass(frozen=True, slots=True)
+class PooledCluster:
+    """An experiment's prompts priced once on its reference worker (``works``, with their SLOs),
+    its work bound, and the pooled server: the workers' speeds summed in reference seconds per
+    second (``speed``), less ``decode`` seconds of decode tax per request per second of rate."""
 
-    def attainment(scale: float) -> float:
-        rate = scale * exp.trace.mean_rate
-        if rate >= bound.rate_rps:
+    exp: Experiment
+    slos: list[SLO]
+    works: list[Work]
+    bound: WorkBound
+    speed: float
+    decode: float
+
+    @classmethod
+    def of(cls, exp: Experiment) -> PooledCluster:
+        slos = request_slos(exp)
+        parts = cluster_works(exp.trace, exp.cluster, exp.params.max_seqs, slos)
+        reference = parts[0][0]
+        total = sum(w.total for w in reference)
+        return cls(exp, slos, reference, bound_from(parts),
+                   sum(total / sum(w.total for w in works) for works, _ in parts),
+                   sum(w.decode for w in reference) / len(reference))
+
+    def jobs(self, rate: float) -> list[tuple[float, float, float]]:
+        """Every prompt at ``rate`` req/s: (arrival, prefill work alone, TTFT deadline)."""
+        scale = rate / self.exp.trace.mean_rate
+        return [(e.arrival / scale, w.prefill, e.arrival / scale + slo.ttft)
+                for e, w, slo in zip(self.exp.trace.entries, self.works, self.slos, strict=True)]
+
+    def prefill_speed(self, rate: float) -> float:
+        """What the pooled server has left for prompts at ``rate`` req/s, decodes paid."""
+        return self.speed - rate * self.decode
+
+    def attainment(self, rate: float) -> float:
+        """Share of prompts the pooled server serves within their TTFT SLO at ``rate`` (none at
+        or past the work bound)."""
+        if rate >= self.bound.rate_rps:
             return 0.0
-        jobs = [(e.arrival / scale, w.prefill, e.arrival / scale + slo.ttft)
-                for e, w, slo in zip(exp.trace.entries, reference, slos, strict=True)]
-        return deadline_attainment(jobs, speed - rate * decode)
+        return deadline_attainment(self.jobs(rate), self.prefill_speed(rate))
 
-    found = find_capacity(attainment, target=target, rel_tol=rel_tol,
-                          start=bound.rate_rps / exp.trace.mean_rate / 2)
-    return found.rate_scale * exp.trace.mean_rate
+    def capacity(self, target: float = 0.9, rel_tol: float = 0.02) -> float:
+        """The pooled bound, in requests per second."""
+        mean = self.exp.trace.mean_rate
+        found = find_capacity(lambda scale: self.attainment(scale * mean), target=target,
+                              rel_tol=rel_tol, start=self.bound.rate_rps / mean / 2)
+        return found.rate_scale * mean

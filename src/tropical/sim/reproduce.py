@@ -22,8 +22,8 @@ from tropical.core.metrics import miss_cause
 from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
-from tropical.sim.bound import WorkBound, bound_of, queued_work
-from tropical.sim.pooled_bound import pooled_bound
+from tropical.sim.bound import WorkBound, queued_work
+from tropical.sim.pooled_bound import PooledCluster
 from tropical.sim.run import Experiment, SimResult
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
@@ -206,12 +206,13 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
                         **{(p, "own"): base.with_policy(p).at_rate(caps[p].result.rate_scale)
                            for p in names}},
                        processes=processes, progress=label)
-    bound = bound_of(base)
+    pooled = PooledCluster.of(base)
+    bound = pooled.bound
     curve = attainment_curves(base, caps, processes, label)
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
     return Reproduction(base, caps, common, {p: _at_rate(runs[(p, "common")], bound) for p in names},
                         curve, studies, slack_budget(base), bound,
-                        {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled_bound(base))
+                        {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity())
 
 
 def _at_rate(run: SimResult, bound: WorkBound) -> AtRate:
@@ -280,8 +281,8 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
         study = studies.setdefault(title, Study(title))
         study.add(variant, policy, cap)
         if variant not in study.bound:
-            study.bound[variant] = bound_of(jobs[(title, variant, policy)]).rate_rps
-            study.pooled[variant] = pooled_bound(jobs[(title, variant, policy)])
+            cluster = PooledCluster.of(jobs[(title, variant, policy)])
+            study.bound[variant], study.pooled[variant] = cluster.bound.rate_rps, cluster.capacity()
     reference = f"±{0:.0%}"
     _share_baselines(studies["ablation"], studies["predictor noise"], reference, fixed)
     _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, fixed)

@@ -105,3 +105,42 @@ def test_unchunked_multiplexing_leaves_a_prompt_that_breaks_the_slack_for_later(
     worker.enqueue(long)
     batch = form_batch(worker)
     assert batch.decode_only
+
+
+def _multiplexing_worker_with(decoding_since: float):
+    """A chunked multiplexing worker where one request decodes whose KV migrated in after its
+    first token at ``decoding_since`` (TPOT SLO 0.1 s), and a long multiplexed prompt queued."""
+    rules = BatchRules(prefill_first=False, chunked=True, token_budget=8192,
+                       tpot_guard=SlackRule.ITERATION)
+    worker = make_worker(Role.MULTIPLEX, rules=rules)
+    migrated = make_request(100, output=50, tpot=0.1)
+    migrated.computed, migrated.generated, migrated.first_token = migrated.prompt_len, 1, decoding_since
+    worker.expect_migration(migrated)
+    worker.arrive_migrated(migrated)
+    worker.admit_inbox()
+    long = make_request(1, prompt=6000)
+    long.path = PrefillPath.MULTIPLEX
+    worker.enqueue(long)
+    return worker
+
+
+def test_a_chunk_never_leaves_a_decode_behind_its_tpot_slo():
+    """The decode's second token is due 0.1 s after its first; at 0.06 s the iteration may
+    take only 0.04 s, not the whole SLO."""
+    worker = _multiplexing_worker_with(decoding_since=0.0)
+    batch = form_batch(worker, now=0.06)
+    (_, chunk, _), = batch.prefills
+    assert worker.latency.iteration_time(batch.shape) <= 0.04 + 1e-12
+    longer = BatchShape.decode(1, worker.decode_context).plus_prefill(chunk + 1, 0)
+    assert worker.latency.iteration_time(longer) > 0.04
+    assert not batch.held
+
+
+def test_a_decode_already_behind_holds_the_prompt_until_it_catches_up():
+    """Past the second token's due time no chunk fits: the iteration decodes alone, and the
+    batch says the next one may carry the prompt again (no request need finish for that)."""
+    worker = _multiplexing_worker_with(decoding_since=0.0)
+    batch = form_batch(worker, now=0.12)
+    assert batch.decode_only and batch.held
+    on_time = form_batch(_multiplexing_worker_with(decoding_since=0.12), now=0.12)
+    assert on_time.prefills and not on_time.held

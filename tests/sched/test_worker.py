@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from tests.factories import make_request, make_worker, start_decoding
@@ -262,3 +264,19 @@ def test_a_prompt_that_yielded_waits_behind_every_prompt_that_can_still_make_it(
     assert all(r.yielded for r in hopeless) and not later.yielded
     apply(Assignment(hopeless[0], 0, PrefillPath.FALLBACK, "moved", from_worker=0), [worker])
     assert hopeless[0].yielded                                # once out of reach, always
+
+
+def test_a_migrated_request_is_watched_until_it_is_on_pace_with_its_tpot_slo():
+    """First token at 0, TPOT SLO 0.1 s: its second token is due at 0.1 s. Joining at 0.06 s it
+    is behind a whole SLO; once a token comes early enough it has a whole SLO to spare and
+    stays on pace while iterations keep the SLO, so it is no longer watched."""
+    worker = make_worker(Role.MULTIPLEX)
+    req = make_request(7, output=50, tpot=0.1)
+    req.computed, req.generated, req.first_token = req.prompt_len, 1, 0.0
+    worker.expect_migration(req)
+    worker.arrive_migrated(req)
+    worker.admit_inbox()
+    assert worker.catch_up_deadline(0.06) == pytest.approx(0.1)
+    worker.advance_decodes(1, now=0.09)
+    assert worker.catch_up_deadline(0.09) == math.inf
+    assert not worker.catching_up

@@ -9,6 +9,7 @@ batch forms.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tropical.core.latency.shape import BatchShape
@@ -20,17 +21,21 @@ from tropical.sched.worker import WorkerState
 @dataclass(slots=True)
 class Batch:
     """One iteration's work on one worker (one or two per iteration: a written constructor,
-    see BatchShape)."""
+    see BatchShape). ``held``: a multiplexed prompt waits only until a decode that is behind its
+    TPOT SLO catches up, so the next iteration may differ though no request finishes or
+    arrives (a substrate must form it afresh)."""
 
     prefills: list[tuple[Request, int, int]]
     decode_count: int
     decode_context: int
+    held: bool
 
     def __init__(self, prefills: list[tuple[Request, int, int]], decode_count: int = 0,
-                 decode_context: int = 0) -> None:
+                 decode_context: int = 0, held: bool = False) -> None:
         self.prefills = prefills
         self.decode_count = decode_count
         self.decode_context = decode_context
+        self.held = held
 
     @property
     def shape(self) -> BatchShape:
@@ -74,7 +79,9 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
     under chunked rules, cut that prompt to the largest chunk that still fits instead, and
     count requests about to decode here among those the iteration must not hold up."""
     rule = worker.rules.tpot_guard
-    limit = None if rule is None else _tpot_limit(worker, batch, now, rule)
+    if rule is None or all(req.path is not PrefillPath.MULTIPLEX for req, _, _ in batch.prefills):
+        return batch
+    limit = _tpot_limit(worker, batch, now, rule)
     if limit is None:
         return batch
     shape = BatchShape.decode(batch.decode_count, batch.decode_context)
@@ -85,7 +92,8 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
             continue
         chunk = _chunk(worker, shape, new, cached, limit) if worker.rules.chunked else 0
         kept = batch.prefills[:i] + ([(req, chunk, cached)] if chunk else [])
-        return Batch(kept, batch.decode_count, batch.decode_context)
+        held = not kept and worker.rules.chunked and limit < _tightest_tpot(worker, batch)
+        return Batch(kept, batch.decode_count, batch.decode_context, held)
     return batch
 
 
@@ -100,17 +108,40 @@ def _chunk(worker: WorkerState, shape: BatchShape, new: int, cached: int, limit:
 
 def _tpot_limit(worker: WorkerState, batch: Batch, now: float, rule: SlackRule) -> float | None:
     """The longest the iteration may take under ``rule`` (None: nobody waits on it). The
-    per-iteration rule needs only the tightest SLO, not each request's progress."""
+    paper's per-iteration rule needs only the tightest SLO, not each request's progress; under
+    chunked multiplexing the iteration must also not leave any decode behind its TPOT SLO
+    (tokens x SLO since its first token): a request that migrated here waited for the iteration
+    in flight, and iterations at the SLO would never let it catch up, so its mean TPOT would
+    end above the SLO (the banked rule's deadline, never more than the SLO itself)."""
     if rule is SlackRule.ITERATION:
-        waiting = _waiting_on(worker, batch) if worker.rules.chunked else ()
-        tpots = [r.slo.tpot for group in waiting for r in group]
-        if worker.running:
-            tpots.append(worker.min_tpot())
-        return min(tpots, default=None)
+        if not worker.rules.chunked:
+            return worker.min_tpot() if worker.running else None
+        limit = _caught_up_limit(worker, batch, now)
+        return None if limit == math.inf else limit
     decoding = [Decoding(r, worker.generated(r), r.first_token_at) for r in worker.running.values()]
     if worker.rules.chunked:
         decoding += _prospective(worker, batch, now)
     return TpotBudget.of(decoding).limit(now, rule) if decoding else None
+
+
+def _caught_up_limit(worker: WorkerState, batch: Batch, now: float) -> float:
+    """The per-iteration rule under chunked multiplexing, priced without a Decoding per request
+    (every chunk asks): the tightest SLO of the decodes and of those waiting on the iteration,
+    and the banked deadline of those that may be behind (KV on its way or landed lately; a
+    multiplexed prompt's first token comes at the iteration's start, on pace)."""
+    limit = worker.min_tpot() if worker.running else math.inf
+    for req in worker.incoming.values():
+        limit = min(limit, req.slo.tpot, req.first_token_at + req.generated * req.slo.tpot - now)
+    for req, _, _ in batch.prefills:
+        if req.path is PrefillPath.MULTIPLEX:
+            limit = min(limit, req.slo.tpot)
+    return min(limit, worker.catch_up_deadline(now) - now)
+
+
+def _tightest_tpot(worker: WorkerState, batch: Batch) -> float:
+    """The tightest TPOT SLO among those this iteration must not hold up."""
+    incoming, multiplexed = _waiting_on(worker, batch)
+    return min([worker.min_tpot(), *(r.slo.tpot for r in (*incoming, *multiplexed))])
 
 
 def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding]:

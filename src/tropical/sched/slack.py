@@ -7,7 +7,9 @@ Both guarantee that, with an exact predictor, a multiplexed prefill never makes 
 request miss its TPOT SLO as long as plain decode iterations fit the SLO. Under ``iteration`` a
 long prompt need not wait for a whole iteration's worth of slack: chunked multiplexing feeds it
 in the largest chunk that fits each iteration (``largest_chunk``), so no gap between two tokens
-grows past the TPOT SLO either.
+grows past the TPOT SLO either; and since a request that migrates in has already waited for the
+iteration in flight, a chunk also never takes an iteration past any decode's banked deadline,
+so that each one's final mean stays within its SLO.
 """
 
 from __future__ import annotations

@@ -33,7 +33,9 @@ class WorkerState:
     keeps its prices until the next one). ``decode_context`` and ``decode_peak`` sum the running
     requests' contexts now and at their longest (``kv_tokens``). ``last_chunk`` is the chunk
     batch formation last cut here: where its next search starts (consecutive chunks of a
-    prompt differ by a few tokens).
+    prompt differ by a few tokens). ``catching_up`` holds the requests that joined the batch
+    after their first token came elsewhere (migrated KV) until they are on pace with their TPOT
+    SLO (see ``catch_up_deadline``).
     """
 
     id: int
@@ -58,6 +60,7 @@ class WorkerState:
     alive: bool = True
     last_chunk: int = 0
     gaps: TokenGaps = field(default_factory=TokenGaps)
+    catching_up: dict[int, Request] = field(default_factory=dict)
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
     _queue_edits: int = 0
@@ -243,7 +246,23 @@ class WorkerState:
         for req in self.inbox:
             self._landed(req)
             self.join(req)
+            self.catching_up[req.id] = req
         self.inbox.clear()
+
+    def catch_up_deadline(self, now: float) -> float:
+        """When the next iteration must end for every request catching up to be on pace (its
+        tokens so far x TPOT SLO after its first token; inf if none is behind). A request with
+        a whole SLO to spare stays on pace while every iteration keeps its SLO, so it is no
+        longer watched; nor is one that left."""
+        deadline = math.inf
+        for req in list(self.catching_up.values()):
+            running = req.id in self.running
+            due = req.first_token_at + self.generated(req) * req.slo.tpot if running else math.inf
+            if due - now >= req.slo.tpot:
+                del self.catching_up[req.id]
+            elif due < deadline:
+                deadline = due
+        return deadline
 
     def steps_to_next_finish(self) -> int:
         """Decode iterations until the earliest running request finishes (0 if none runs)."""

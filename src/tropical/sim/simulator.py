@@ -155,7 +155,8 @@ class Simulator:
             return
         version = next(self._versions)
         if batch.decode_only:
-            run = DecodeRun.start(worker, self._run_length(worker), self.truth[worker.id])
+            steps = 1 if batch.held else self._run_length(worker)
+            run = DecodeRun.start(worker, steps, self.truth[worker.id])
             flight = Flight(self.now, self.now + run.duration, version, batch, run)
             self.cluster.expect_end(worker.id, self.now + run.iteration(1))
         else:

@@ -35,6 +35,7 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
         for p in policies:
             assert 0 <= written[at][p]["queued_work_share"] <= 1
             assert 0 <= written[at][p]["queued_missed_work_s"] <= written[at][p]["queued_work_s"]
+            assert written[at][p]["unwaited_work_s"] >= 0
     sensitivity = written["sensitivity"]
     slo_bounds = sensitivity["SLO"]["bound_rps"]
     assert set(slo_bounds) == set(sensitivity["SLO"]["capacity_rps"])
@@ -44,7 +45,8 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     report = (out / "report.md").read_text()
     for heading in ("Goodput capacity", "Work bound", "Pooled bound", "of work / pooled bound",
                     "work bound (most vs best baseline)", "pooled bound (most vs best baseline)",
-                    "Headroom in the sensitivity rows", "work queued at last arrival", "Analysis",
+                    "Headroom in the sensitivity rows", "work queued at last arrival",
+                    "had no request waited", "Analysis",
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
                     "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall"):
         assert heading in report

@@ -4,7 +4,7 @@ from tests.factories import linear_model, make_request
 from tests.sim.test_simulator import cluster
 from tropical.core.latency.iterations import decode_time, prefill_time
 from tropical.core.slo import SLO
-from tropical.sim.bound import full_batch, queued_work, request_work, tpot_batch, work_bound
+from tropical.sim.bound import full_batch, queued_work, request_work, tpot_batch, unwaited_work, work_bound
 from tropical.workload.trace import Trace, TraceEntry
 
 
@@ -34,6 +34,31 @@ def test_queued_work_counts_what_is_left_of_each_phase():
     left, total = queued_work([done, half, untouched], model, 4, at=2.0)
     assert total == pytest.approx(3 * work.total)
     assert left == pytest.approx(work.decode / 2 + work.total)
+
+
+def test_unwaited_work_prices_each_request_served_from_its_arrival():
+    """Had nobody waited: a request that arrived long ago is done, one arriving now has all its
+    work ahead, and one halfway through its prefill alone has half of that and all its decode."""
+    model = linear_model()
+    work = request_work(model, 100, 10, 4)
+    old, now, halfway = make_request(0, arrival=0.0), make_request(1, arrival=50.0), make_request(2)
+    halfway.arrival = 50.0 - work.prefill / 2
+    left = unwaited_work([old, now, halfway], model, 4, at=50.0)
+    assert left == pytest.approx(work.total + work.prefill / 2 + work.decode)
+
+
+def test_waiting_adds_to_the_queued_work_never_to_the_unwaited():
+    """The same request, served at once or after a wait: the unwaited work is the same, and
+    the one that waited has more queued when it is priced."""
+    model = linear_model()
+    work = request_work(model, 100, 10, 4)
+    prompt_end = work.prefill
+    served, waited = make_request(0), make_request(1)
+    served.prefill_start, served.first_token, served.finish = 0.0, prompt_end, prompt_end + 1.0
+    waited.prefill_start, waited.first_token, waited.finish = 1.0, 1.0 + prompt_end, 2.0 + prompt_end
+    at = prompt_end / 2
+    assert unwaited_work([served], model, 4, at) == unwaited_work([waited], model, 4, at)
+    assert queued_work([waited], model, 4, at)[0] > queued_work([served], model, 4, at)[0]
 
 
 def test_tpot_batch_is_the_largest_batch_whose_iteration_keeps_the_slo():

@@ -63,12 +63,14 @@ def deferral_section(rep: Reproduction) -> str:
     for p, at in rep.at_own.items():
         s = at.result.summary
         rows.append([p, f"{at.result.experiment.rate_scale * rep.base.trace.mean_rate:.3f}",
-                     f"{at.queued_s / rep.bound.workers:.0f}", f"{at.queued_share:.1%}",
-                     f"{_missed(at):.0%}", f"{s.ttft.p90:.2f}", f"{s.ttft.p99:.2f}", f"{s.ttft_max:.1f}",
+                     f"{at.queued_s / rep.bound.workers:.0f}", f"{at.queued_share:.2%}",
+                     f"{at.unwaited_share:.2%}", f"{_missed(at):.0%}", f"{s.ttft.p90:.2f}",
+                     f"{s.ttft.p99:.2f}", f"{s.ttft_max:.1f}",
                      f"{s.stall_share:.1%}", f"{s.itl.p99 * 1e3:.0f}"])
     return ("## Each policy at its own capacity: is work deferred past the trace's end?\n\n"
             + _table(["policy", "rate (req/s)", "work queued at last arrival (s, whole cluster)",
-                      "of the trace's work", "of it, for requests that miss", "P90 TTFT (s)",
+                      "of the trace's work", "had no request waited", "of it, for requests that miss",
+                      "P90 TTFT (s)",
                       "P99 TTFT (s)", "max TTFT (s)", "stall > 1 s", "ITL P99 (ms)"], rows) + "\n")
 
 
@@ -152,16 +154,33 @@ def _bound_sentence(rep: Reproduction) -> str:
 def _deferral_sentence(rep: Reproduction) -> str:
     best, plus = rep.at_own[rep.best_baseline], rep.at_own["tropical+"]
     common_best, common_plus = rep.at_common[rep.best_baseline], rep.at_common["tropical+"]
-    return (f"**Deferral.** At its capacity `tropical+` leaves {plus.queued_share:.1%} of the trace's "
+    return (f"**Deferral.** At its capacity `tropical+` leaves {plus.queued_share:.2%} of the trace's "
             f"work queued when the last request arrives, {_more(plus, best)} than "
-            f"`{rep.best_baseline}` at its own ({best.queued_share:.1%}), and {_missed(plus):.0%} of "
-            f"it (against {_missed(best):.0%}) is for requests that go on to miss their SLOs, the "
+            f"`{rep.best_baseline}` at its own ({best.queued_share:.2%}); at those rates serving "
+            f"every request from its arrival without waiting would leave {plus.unwaited_share:.2%} "
+            f"and {best.unwaited_share:.2%} in flight, so {_excess(plus):.2%} against "
+            f"{_excess(best):.2%} is queueing{_floor_clause(plus, best, rep.best_baseline)}. Of the "
+            f"queued work {_missed(plus):.0%} (against {_missed(best):.0%}) is for requests that go "
+            "on to miss their SLOs, the "
             "rest for requests delayed within their TTFT slack; its P99 TTFT there is "
             f"{plus.result.summary.ttft.p99:.1f} s against {best.result.summary.ttft.p99:.1f} s. At "
             f"the common rate it leaves {common_plus.queued_share:.2%} "
             f"({_missed(common_plus):.0%} of it for requests that miss), "
             f"{_more(common_plus, common_best)} than `{rep.best_baseline}` "
             f"({common_best.queued_share:.2%}; {_missed(common_best):.0%}).")
+
+
+def _floor_clause(plus: AtRate, best: AtRate, name: str) -> str:
+    """Is the work merely in flight at ``plus``'s rate already more than ``best`` leaves queued?"""
+    if plus.unwaited_s <= best.queued_s:
+        return ""
+    return (f" (at `tropical+`'s rate the work in flight had no request waited is already more than "
+            f"`{name}` leaves queued at its own)")
+
+
+def _excess(at: AtRate) -> float:
+    """Queued work beyond what was only in flight, as a share of the trace's work."""
+    return at.queued_share - at.unwaited_share
 
 
 def _missed(at: AtRate) -> float:

@@ -7,7 +7,9 @@ prices iterations with. Given the requests' SLOs, a request's batch is also no l
 whose decode iteration, at the trace's mean context, keeps its TPOT SLO: a tight TPOT SLO makes
 decodes costlier per token, so the bound falls with it. No policy can serve a trace faster in
 steady state; on a finite trace a policy can pass it only by leaving work queued when the last
-request arrives, which ``queued_work`` measures from the requests' recorded times.
+request arrives, which ``queued_work`` measures from the requests' recorded times. Some of that
+work is only in flight, not deferred: ``unwaited_work`` prices the same moment had every request
+started at its arrival (prefill alone, decode at the bound's batch).
 """
 
 from __future__ import annotations
@@ -131,6 +133,22 @@ def queued_work(requests: Sequence[Request], latency: LatencyModel, batch: int,
         left += work.prefill * _undone(req.prefill_start, req.first_token, at)
         left += work.decode * _undone(req.first_token, req.finish, at)
     return left, total
+
+
+def unwaited_work(requests: Sequence[Request], latency: LatencyModel, batch: int,
+                  at: float) -> float:
+    """Work still to do at ``at`` had every request been served from its arrival without
+    waiting: its prefill alone, then one token per decode iteration at ``batch`` (priced like
+    ``queued_work``, so the two compare)."""
+    left = 0.0
+    intercept, slope = latency.decode_line(batch)
+    for req in requests:
+        work = request_work(latency, req.prompt_len, req.output_len, batch)
+        first = req.arrival + work.prefill
+        iteration = intercept + slope * batch * (req.prompt_len + req.output_len / 2)
+        left += work.prefill * _undone(req.arrival, first, at)
+        left += work.decode * _undone(first, first + (req.output_len - 1) * iteration, at)
+    return left
 
 
 def _undone(start: float | None, end: float | None, at: float) -> float:

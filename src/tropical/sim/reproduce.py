@@ -22,7 +22,7 @@ from tropical.core.metrics import miss_cause
 from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
-from tropical.sim.bound import WorkBound, queued_work
+from tropical.sim.bound import WorkBound, queued_work, unwaited_work
 from tropical.sim.pooled_bound import PooledCluster
 from tropical.sim.run import Experiment, SimResult
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
@@ -118,20 +118,27 @@ def ratio(value: float, best: float) -> float:
 class AtRate:
     """One policy run at a rate: is anything deferred past the trace's end? ``missed_s`` is
     the part of the queued work whose requests go on to miss their SLOs (the rest is work
-    delayed within its slack, as laxity order delays long prompts with long TTFT SLOs)."""
+    delayed within its slack, as laxity order delays long prompts with long TTFT SLOs);
+    ``unwaited_s`` what would be queued had no request waited at all: in flight, not deferred."""
 
     result: SimResult
     queued_s: float
     total_s: float
     missed_s: float
+    unwaited_s: float
 
     @property
     def queued_share(self) -> float:
         return self.queued_s / self.total_s if self.total_s else float("nan")
 
+    @property
+    def unwaited_share(self) -> float:
+        return self.unwaited_s / self.total_s if self.total_s else float("nan")
+
     def as_dict(self) -> dict:
         return {**self.result.summary.as_dict(), "queued_work_s": self.queued_s,
-                "queued_missed_work_s": self.missed_s, "queued_work_share": self.queued_share}
+                "queued_missed_work_s": self.missed_s, "queued_work_share": self.queued_share,
+                "unwaited_work_s": self.unwaited_s}
 
 
 @dataclass
@@ -221,7 +228,7 @@ def _at_rate(run: SimResult, bound: WorkBound) -> AtRate:
     latency = run.experiment.cluster.reference
     left, total = queued_work(run.requests, latency, bound.batch, last)
     missed, _ = queued_work([r for r in run.requests if miss_cause(r)], latency, bound.batch, last)
-    return AtRate(run, left, total, missed)
+    return AtRate(run, left, total, missed, unwaited_work(run.requests, latency, bound.batch, last))
 
 
 def attainment_curves(base: Experiment, caps: dict[str, PolicyCapacity], processes: int,

@@ -280,3 +280,19 @@ def test_a_migrated_request_is_watched_until_it_is_on_pace_with_its_tpot_slo():
     worker.advance_decodes(1, now=0.09)
     assert worker.catch_up_deadline(0.09) == math.inf
     assert not worker.catching_up
+
+
+@pytest.mark.parametrize("leaves", ["finishes", "is aborted"])
+def test_a_request_catching_up_is_forgotten_when_it_leaves(leaves):
+    """Workers that never chunk never ask, so nothing may pile up on the watch list."""
+    worker = make_worker(Role.MULTIPLEX)
+    req = make_request(7, output=3, tpot=0.1)
+    req.computed, req.generated, req.first_token = req.prompt_len, 1, 0.0
+    worker.expect_migration(req)
+    worker.arrive_migrated(req)
+    worker.admit_inbox()
+    if leaves == "finishes":
+        assert worker.advance_decodes(2, now=1.0) == [req]
+    else:
+        worker.abort(req)
+    assert not worker.catching_up

@@ -253,11 +253,10 @@ class WorkerState:
         """When the next iteration must end for every request catching up to be on pace (its
         tokens so far x TPOT SLO after its first token; inf if none is behind). A request with
         a whole SLO to spare stays on pace while every iteration keeps its SLO, so it is no
-        longer watched; nor is one that left."""
+        longer watched (one that finishes or leaves is dropped as it goes)."""
         deadline = math.inf
         for req in list(self.catching_up.values()):
-            running = req.id in self.running
-            due = req.first_token_at + self.generated(req) * req.slo.tpot if running else math.inf
+            due = req.first_token_at + self.generated(req) * req.slo.tpot
             if due - now >= req.slo.tpot:
                 del self.catching_up[req.id]
             elif due < deadline:
@@ -286,6 +285,7 @@ class WorkerState:
         while self._finishes and self._finishes[0][0] <= self.steps:
             _, _, req = heapq.heappop(self._finishes)
             del self.running[req.id]
+            self.catching_up.pop(req.id, None)
             self._batch_edits += 1
             self.decode_context -= req.prompt_len + req.output_len
             self.decode_peak -= req.kv_tokens
@@ -349,6 +349,7 @@ class WorkerState:
         if req.id in self.running:
             req.generated = self.generated(req)
             del self.running[req.id]
+            self.catching_up.pop(req.id, None)
             self._batch_edits += 1
             self.decode_context -= req.prompt_len + req.generated
             self.decode_peak -= req.kv_tokens

@@ -41,6 +41,16 @@ def start_decoding(worker: WorkerState, req: Request, now: float = 0.0) -> Reque
     return req
 
 
+def migrate_in(worker: WorkerState, req: Request, first_token: float = 0.0) -> Request:
+    """Land ``req``, prefilled elsewhere with its first token at ``first_token``, on ``worker``
+    (room reserved, KV arrived) so that it decodes there from the next iteration."""
+    req.computed, req.generated, req.first_token = req.prompt_len, 1, first_token
+    worker.expect_migration(req)
+    worker.arrive_migrated(req)
+    worker.admit_inbox()
+    return req
+
+
 def linear_cluster(workers: int, kv_tokens: int) -> ClusterSpec:
     """``workers`` Llama-2-7B replicas on one A100 each, priced by ``linear_model``."""
     replica = ReplicaSpec(load_model_spec("llama-2-7b"), hardware("a100"), tp=1)

@@ -1,4 +1,4 @@
-from tests.factories import make_request, make_worker, start_decoding
+from tests.factories import make_request, make_worker, migrate_in, start_decoding
 from tropical.core.latency.shape import BatchShape, attention_pairs
 from tropical.core.request import PrefillPath
 from tropical.sched.batching import form_batch
@@ -113,11 +113,7 @@ def _multiplexing_worker_with(decoding_since: float):
     rules = BatchRules(prefill_first=False, chunked=True, token_budget=8192,
                        tpot_guard=SlackRule.ITERATION)
     worker = make_worker(Role.MULTIPLEX, rules=rules)
-    migrated = make_request(100, output=50, tpot=0.1)
-    migrated.computed, migrated.generated, migrated.first_token = migrated.prompt_len, 1, decoding_since
-    worker.expect_migration(migrated)
-    worker.arrive_migrated(migrated)
-    worker.admit_inbox()
+    migrate_in(worker, make_request(100, output=50, tpot=0.1), first_token=decoding_since)
     long = make_request(1, prompt=6000)
     long.path = PrefillPath.MULTIPLEX
     worker.enqueue(long)

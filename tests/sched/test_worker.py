@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from tests.factories import make_request, make_worker, start_decoding
+from tests.factories import make_request, make_worker, migrate_in, start_decoding
 from tropical.sched.rules import Role
 
 
@@ -272,10 +272,7 @@ def test_a_migrated_request_is_watched_until_it_is_on_pace_with_its_tpot_slo():
     stays on pace while iterations keep the SLO, so it is no longer watched."""
     worker = make_worker(Role.MULTIPLEX)
     req = make_request(7, output=50, tpot=0.1)
-    req.computed, req.generated, req.first_token = req.prompt_len, 1, 0.0
-    worker.expect_migration(req)
-    worker.arrive_migrated(req)
-    worker.admit_inbox()
+    migrate_in(worker, req)
     assert worker.catch_up_deadline(0.06) == pytest.approx(0.1)
     worker.advance_decodes(1, now=0.09)
     assert worker.catch_up_deadline(0.09) == math.inf
@@ -287,10 +284,7 @@ def test_a_request_catching_up_is_forgotten_when_it_leaves(leaves):
     """Workers that never chunk never ask, so nothing may pile up on the watch list."""
     worker = make_worker(Role.MULTIPLEX)
     req = make_request(7, output=3, tpot=0.1)
-    req.computed, req.generated, req.first_token = req.prompt_len, 1, 0.0
-    worker.expect_migration(req)
-    worker.arrive_migrated(req)
-    worker.admit_inbox()
+    migrate_in(worker, req)
     if leaves == "finishes":
         assert worker.advance_decodes(2, now=1.0) == [req]
     else:

@@ -129,19 +129,22 @@ def _caught_up_limit(worker: WorkerState, batch: Batch, now: float) -> float:
     (every chunk asks): the tightest SLO of the decodes and of those waiting on the iteration,
     and the banked deadline of those that may be behind (KV on its way or landed lately; a
     multiplexed prompt's first token comes at the iteration's start, on pace)."""
-    limit = worker.min_tpot() if worker.running else math.inf
+    limit = _tightest_tpot(worker, batch)
     for req in worker.incoming.values():
-        limit = min(limit, req.slo.tpot, req.first_token_at + req.generated * req.slo.tpot - now)
-    for req, _, _ in batch.prefills:
-        if req.path is PrefillPath.MULTIPLEX:
-            limit = min(limit, req.slo.tpot)
+        limit = min(limit, req.first_token_at + req.generated * req.slo.tpot - now)
     return min(limit, worker.catch_up_deadline(now) - now)
 
 
 def _tightest_tpot(worker: WorkerState, batch: Batch) -> float:
-    """The tightest TPOT SLO among those this iteration must not hold up."""
-    incoming, multiplexed = _waiting_on(worker, batch)
-    return min([worker.min_tpot(), *(r.slo.tpot for r in (*incoming, *multiplexed))])
+    """The tightest TPOT SLO among those this iteration must not hold up (``_waiting_on`` and
+    the decodes; loops, not lists: every chunk asks)."""
+    tightest = worker.min_tpot()
+    for req in worker.incoming.values():
+        tightest = min(tightest, req.slo.tpot)
+    for req, _, _ in batch.prefills:
+        if req.path is PrefillPath.MULTIPLEX:
+            tightest = min(tightest, req.slo.tpot)
+    return tightest
 
 
 def _prospective(worker: WorkerState, batch: Batch, now: float) -> list[Decoding]:

@@ -141,11 +141,10 @@ def unwaited_work(requests: Sequence[Request], latency: LatencyModel, batch: int
     waiting: its prefill alone, then one token per decode iteration at ``batch`` (priced like
     ``queued_work``, so the two compare)."""
     left = 0.0
-    intercept, slope = latency.decode_line(batch)
     for req in requests:
         work = request_work(latency, req.prompt_len, req.output_len, batch)
         first = req.arrival + work.prefill
-        iteration = intercept + slope * batch * (req.prompt_len + req.output_len / 2)
+        iteration = decode_time(latency, batch, int(batch * (req.prompt_len + req.output_len / 2)))
         left += work.prefill * _undone(req.arrival, first, at)
         left += work.decode * _undone(first, first + (req.output_len - 1) * iteration, at)
     return left

@@ -13,6 +13,7 @@ from tropical.core.latency.shape import BatchShape
 from tropical.engine.profiler import Sample
 from tropical.fidelity import command
 from tropical.fidelity.host import HostSpeed, matched
+from tropical.fidelity.replay import study_profile
 from tropical.fidelity.report import host_lines
 from tropical.fidelity.run import FidelityConfig
 
@@ -91,6 +92,12 @@ def test_a_matched_study_records_what_it_ran_and_what_was_asked(
     assert host_lines(settings["host"])[0] == (
         "Host check: this host ran the engine at 2.00x the profile's times (prefill 2.00x); the load was "
         "matched to it: rate scale 0.3 x 0.50, SLOs 3000 / 300 ms and the profile's times x 2.00.")
+    copy = tmp_path / "copied"
+    assert study_profile(settings, copy) == copy / "profile-host.json", (
+        "a matched study copied elsewhere replays with the profile in its own folder")
+    unmatched = {**settings, "host": {**settings["host"], "matched": False}}
+    assert study_profile(unmatched, copy) == Path(settings["profile"])
+    assert study_profile({**settings, "profile": ""}, copy) == copy / "profile.json"
 
 
 def test_host_check_is_a_choice_of_the_command() -> None:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tests.fidelity.test_repeats import run
 from tropical.fidelity.repeats import PolicyRepeats, Spread
-from tropical.fidelity.report import cell, ranking_lines, report, speed_line, toggle_line
+from tropical.fidelity.report import cell, ranking_lines, report, rounds_lines, speed_line, toggle_line
 
 
 def repeats(policy: str, real_goodputs: list[float], sim_goodput: float) -> PolicyRepeats:
@@ -45,6 +45,22 @@ def test_toggle_ratio_under_stream_attainment_counts_only_streams_without_long_g
     paper, stream = toggle_line(policies).splitlines()
     assert "tropical+ goodput / best baseline's: live 1.50x" in paper
     assert "tropical+ stream goodput / best baseline's: live 3.00x" in stream and "simulated 1.40x" in stream
+
+
+def test_the_toggle_ratio_by_round_sets_each_round_beside_the_host_speed_in_it() -> None:
+    """Round 2 ran on a slow spell: the toggle's lead shrank there, live and in the twin alike."""
+    chunked, toggle = repeats("chunked", [1.0, 0.5], 1.0), repeats("tropical+", [1.8, 0.6], 1.5)
+    chunked = replace(chunked, runs=(chunked.runs[0], replace(chunked.runs[1], sim_goodput_rps=0.5,
+                                                              profile_ratio=1.3)))
+    toggle = replace(toggle, runs=(toggle.runs[0], replace(toggle.runs[1], profile_ratio=1.2)))
+    [line] = rounds_lines([chunked, toggle])
+    assert line == ("tropical+ goodput / best baseline's by round (each round runs every policy once): "
+                    "round 1, host at - the profile: live 1.80x over chunked (stream 1.80x), twin 1.50x "
+                    "over chunked; round 2, host at 1.25x the profile: live 1.20x over chunked "
+                    "(stream 1.20x), twin 3.00x over chunked.")
+    assert line in report([chunked, toggle])
+    assert rounds_lines([replace(chunked, runs=chunked.runs[:1]), toggle]) == [], "one round: the line above"
+    assert rounds_lines([chunked]) == []
 
 
 def test_report_shows_itl_and_stalls_beside_the_error_goals() -> None:

@@ -16,7 +16,7 @@ from tropical.fidelity.compare import Comparison, nullable
 from tropical.fidelity.host import TOLERANCE, matched, measure_host, measure_profile
 from tropical.fidelity.plots import real_cdfs, real_vs_sim
 from tropical.fidelity.repeats import PolicyRepeats, median_abs_error, path_agreement
-from tropical.fidelity.replay import STUDY, TWIN, replay_study
+from tropical.fidelity.replay import HOST_PROFILE, STUDY, TWIN, replay_study
 from tropical.fidelity.report import report
 from tropical.fidelity.run import FidelityConfig, run_study
 from tropical.fidelity.twin import ServerShape
@@ -109,7 +109,7 @@ def check_host(cfg: FidelityConfig, settings: dict[str, Any], match: bool,
     host: dict[str, Any] = {**speed.as_dict(), "matched": match}
     if match:
         cfg, slowed = matched(cfg, speed, profile)
-        path = out / "profile-host.json"
+        path = out / HOST_PROFILE
         path.write_text(json.dumps(slowed.to_dict(), indent=2) + "\n")
         cfg = replace(cfg, profile=str(path))
         ran = {"profile": cfg.profile, "rate_scale": cfg.rate_scale, "slo_ttft_ms": cfg.slo_ttft_ms,

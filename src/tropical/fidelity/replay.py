@@ -29,6 +29,7 @@ from tropical.serve.options import policy_and_roles
 
 STUDY = "study.json"  # the study's settings, written before its first run
 TWIN = "twin.json"  # a run's comparison with its twin, written as the run ends
+HOST_PROFILE = "profile-host.json"  # a matched study's profile, in this host's time units
 
 
 def replay_study(out: Path) -> tuple[dict[str, Any], list[PolicyRepeats]]:
@@ -38,7 +39,7 @@ def replay_study(out: Path) -> tuple[dict[str, Any], list[PolicyRepeats]]:
     shape = ServerShape(config["kv_tokens"], 16, config["max_model_len"], config["max_batched_tokens"],
                         config["workers"])
     slo = SLO(config["slo_ttft_ms"] / 1e3, config["slo_tpot_ms"] / 1e3)
-    profile = load_profile(config["profile"] or out / "profile.json")
+    profile = load_profile(study_profile(config, out))
     policies = []
     for policy in (p.strip() for p in config["policies"].split(",") if p.strip()):
         runs = [_price(out, policy, k, shape, slo, profile) for k in _finished(out / policy)]
@@ -47,6 +48,17 @@ def replay_study(out: Path) -> tuple[dict[str, Any], list[PolicyRepeats]]:
     if not policies:
         raise ValueError(f"{out}: no finished run to replay (each leaves <policy>/<repeat>/{TWIN})")
     return config, policies
+
+
+def study_profile(config: dict[str, Any], out: Path) -> Path:
+    """The profile a study's policies decided with. One the study measured, or matched to its
+    host, lies in its folder and is read from there, so that a study copied elsewhere (into the
+    docs, onto another machine) still replays."""
+    if not config["profile"]:
+        return out / "profile.json"
+    if config.get("host", {}).get("matched"):
+        return out / HOST_PROFILE
+    return Path(config["profile"])
 
 
 def _finished(runs: Path) -> list[int]:

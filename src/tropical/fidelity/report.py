@@ -5,6 +5,7 @@ the toggle's goodput against the best baseline."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from itertools import combinations
 from typing import Any
@@ -104,14 +105,52 @@ def toggle_line(policies: Sequence[PolicyRepeats]) -> str:
 
 
 def _toggle_ratio(toggle: PolicyRepeats, baselines: Sequence[PolicyRepeats], metric: str, label: str) -> str:
-    best_real = max(baselines, key=lambda p: p.real()[metric].mean)
-    best_sim = max(baselines, key=lambda p: p.sim()[metric])
-    live = _ratio(toggle.real()[metric].mean, best_real.real()[metric].mean)
-    simulated = _ratio(toggle.sim()[metric], best_sim.sim()[metric])
+    best_real, live = _live_ratio(toggle, baselines, metric)
+    best_sim, simulated = _sim_ratio(toggle, baselines, metric)
     separated = toggle.real()[metric].low > best_real.real()[metric].high
     return (f"{TOGGLE} {label} / best baseline's: live {live} (best baseline {best_real.policy}; "
             f"{TOGGLE}'s lowest repeat {'above' if separated else 'not above'} the baseline's highest), "
             f"simulated {simulated} (best baseline {best_sim.policy}).")
+
+
+def _live_ratio(toggle: PolicyRepeats, baselines: Sequence[PolicyRepeats],
+                metric: str) -> tuple[PolicyRepeats, str]:
+    """The baseline with the highest live mean of ``metric``, and the toggle's mean over it."""
+    best = max(baselines, key=lambda p: p.real()[metric].mean)
+    return best, _ratio(toggle.real()[metric].mean, best.real()[metric].mean)
+
+
+def _sim_ratio(toggle: PolicyRepeats, baselines: Sequence[PolicyRepeats],
+               metric: str) -> tuple[PolicyRepeats, str]:
+    """The baseline whose twins give the highest ``metric``, and the toggle's twins over it."""
+    best = max(baselines, key=lambda p: p.sim()[metric])
+    return best, _ratio(toggle.sim()[metric], best.sim()[metric])
+
+
+def rounds_lines(policies: Sequence[PolicyRepeats]) -> list[str]:
+    """The toggle's ratio in each round of the study. A round runs every policy once, one after
+    another, so a slow spell on the shared machine lands on a whole round: set beside the host's
+    speed in that round (the median over its runs), the ratios tell a win that a slow spell
+    hid from one that is not there. Nothing with a single round or without the toggle."""
+    rounds = min(len(p.runs) for p in policies)
+    names = {p.policy for p in policies}
+    if rounds < 2 or TOGGLE not in names or not names & set(BASELINES):
+        return []
+    parts = [_round_part(k, [PolicyRepeats(p.policy, (p.runs[k],)) for p in policies]) for k in range(rounds)]
+    return [f"{TOGGLE} goodput / best baseline's by round (each round runs every policy once): "
+            + "; ".join(parts) + "."]
+
+
+def _round_part(k: int, runs: Sequence[PolicyRepeats]) -> str:
+    by_name = {p.policy: p for p in runs}
+    toggle, baselines = by_name[TOGGLE], [by_name[b] for b in BASELINES if b in by_name]
+    speeds = [p.profile_ratio().mean for p in runs if not math.isnan(p.profile_ratio().mean)]
+    speed = statistics.median(speeds) if speeds else math.nan
+    best, live = _live_ratio(toggle, baselines, GOODPUT)
+    _, stream = _live_ratio(toggle, baselines, STREAM_GOODPUT)
+    best_sim, simulated = _sim_ratio(toggle, baselines, GOODPUT)
+    return (f"round {k + 1}, host at {_times(speed)} the profile: live {live} over {best.policy} "
+            f"(stream {stream}), twin {simulated} over {best_sim.policy}")
 
 
 def spread_line(policies: Sequence[PolicyRepeats]) -> str:
@@ -163,7 +202,7 @@ def report(policies: Sequence[PolicyRepeats], host: dict[str, Any] | None = None
         f"Path agreement: {paths.same} of {paths.compared} requests ({_share(path_agreement(policies))}) "
         "took the same path live and in the twin.", "",
         paths_table(policies), "",
-        *ranking_lines(policies), toggle_line(policies)])
+        *ranking_lines(policies), toggle_line(policies), *rounds_lines(policies)])
 
 
 def host_lines(host: dict[str, Any] | None) -> list[str]:

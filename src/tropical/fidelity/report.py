@@ -96,12 +96,18 @@ def ranking_lines(policies: Sequence[PolicyRepeats]) -> list[str]:
 def toggle_line(policies: Sequence[PolicyRepeats]) -> str:
     """tropical+'s goodput over the best baseline's, live (means of repeats) and simulated, under
     the paper's attainment and under stream attainment."""
+    contenders = _contenders(policies)
+    if contenders is None:
+        return f"({TOGGLE} or every baseline missing from this run: no toggle ratio.)"
+    return "\n".join(_toggle_ratio(*contenders, metric, label) for metric, label in
+                     ((GOODPUT, "goodput"), (STREAM_GOODPUT, "stream goodput")))
+
+
+def _contenders(policies: Sequence[PolicyRepeats]) -> tuple[PolicyRepeats, list[PolicyRepeats]] | None:
+    """The toggle and the baselines among ``policies``; None without the toggle or any baseline."""
     by_name = {p.policy: p for p in policies}
     baselines = [by_name[b] for b in BASELINES if b in by_name]
-    if TOGGLE not in by_name or not baselines:
-        return f"({TOGGLE} or every baseline missing from this run: no toggle ratio.)"
-    return "\n".join(_toggle_ratio(by_name[TOGGLE], baselines, metric, label) for metric, label in
-                     ((GOODPUT, "goodput"), (STREAM_GOODPUT, "stream goodput")))
+    return (by_name[TOGGLE], baselines) if TOGGLE in by_name and baselines else None
 
 
 def _toggle_ratio(toggle: PolicyRepeats, baselines: Sequence[PolicyRepeats], metric: str, label: str) -> str:
@@ -133,8 +139,7 @@ def rounds_lines(policies: Sequence[PolicyRepeats]) -> list[str]:
     speed in that round (the median over its runs), the ratios tell a win that a slow spell
     hid from one that is not there. Nothing with a single round or without the toggle."""
     rounds = min(len(p.runs) for p in policies)
-    names = {p.policy for p in policies}
-    if rounds < 2 or TOGGLE not in names or not names & set(BASELINES):
+    if rounds < 2 or _contenders(policies) is None:
         return []
     parts = [_round_part(k, [PolicyRepeats(p.policy, (p.runs[k],)) for p in policies]) for k in range(rounds)]
     return [f"{TOGGLE} goodput / best baseline's by round (each round runs every policy once): "
@@ -142,9 +147,10 @@ def rounds_lines(policies: Sequence[PolicyRepeats]) -> list[str]:
 
 
 def _round_part(k: int, runs: Sequence[PolicyRepeats]) -> str:
-    by_name = {p.policy: p for p in runs}
-    toggle, baselines = by_name[TOGGLE], [by_name[b] for b in BASELINES if b in by_name]
-    speeds = [p.profile_ratio().mean for p in runs if not math.isnan(p.profile_ratio().mean)]
+    contenders = _contenders(runs)
+    assert contenders is not None, "rounds_lines asks only when the toggle and a baseline ran"
+    toggle, baselines = contenders
+    speeds = [r for r in (p.profile_ratio().mean for p in runs) if not math.isnan(r)]
     speed = statistics.median(speeds) if speeds else math.nan
     best, live = _live_ratio(toggle, baselines, GOODPUT)
     _, stream = _live_ratio(toggle, baselines, STREAM_GOODPUT)

@@ -31,10 +31,15 @@ def test_noise_actually_moves_predictions():
 
 
 def test_decode_line_stays_a_line():
-    noisy = NoisyModel(linear_model(), 0.25, seed=3)
-    assert noisy.iteration_time(BatchShape.decode(8, 5000)) != pytest.approx(0)
-    intercept, slope = noisy.decode_line(8)
-    assert decode_time(noisy, 8, 5000) == pytest.approx(intercept + slope * 5000)
+    """One error per batch size scales the whole line, so it stays the truth's line times a
+    bounded factor at every context; ``iteration_time`` draws an error per shape instead."""
+    truth = linear_model()
+    noisy = NoisyModel(truth, 0.25, seed=3)
+    shapes = [BatchShape.decode(8, c) for c in (100, 5000, 40_000)]
+    line = {round(decode_time(noisy, 8, s.decode_context) / truth.iteration_time(s), 9) for s in shapes}
+    priced = {round(noisy.iteration_time(s) / truth.iteration_time(s), 9) for s in shapes}
+    assert len(line) == 1 and 0.75 <= min(line) <= 1.25 and line != {1.0}
+    assert len(priced) == 3 and not priced & line  # the line is not priced shape by shape
 
 
 def test_noise_out_of_range_is_refused():

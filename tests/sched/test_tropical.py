@@ -115,11 +115,27 @@ def test_path2_never_breaks_tpot_with_exact_predictor(lengths, rule):
 
 
 @settings(max_examples=20, deadline=None)
-@given(spans)
-def test_path2_admission_never_crosses_the_watermark(lengths):
+@given(st.lists(st.tuples(st.integers(16, 200), st.integers(20, 100)), min_size=15, max_size=30))
+def test_path2_admission_never_crosses_the_watermark(short):
+    """Each short prompt queues behind a long one on 8,000-token workers: the long ones decode
+    on the multiplexing workers and fill their KV while the short ones' TTFT is at risk, so
+    Path 2 is asked for room near the watermark, and the watermark must turn some away."""
+    from tropical.sched.kv import KVPool
+    cluster = ClusterSpec("t", (WorkerSpec(REPLICA, linear_model(), 8000),) * 4)
+    lengths = [span for i, s in enumerate(short) for span in ((3000 + 331 * i % 1000, 60), s)]
     policy = Recording(make_policy("tropical", PolicyParams(toggle=ToggleParams(watermark=0.5))))
-    Simulator(CLUSTER.build(policy), policy, bursty(lengths, gap=0.005)).run()
+    refused, fits = [], KVPool.fits
+
+    def watched(pool: KVPool, tokens: int, watermark: float = 1.0, *rest: int) -> bool:
+        ok = fits(pool, tokens, watermark, *rest)
+        refused.append(not ok and fits(pool, tokens, 1.0, *rest))
+        return ok
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(KVPool, "fits", watched)
+        Simulator(cluster.build(policy), policy, bursty(lengths, gap=0.005)).run()
     assert all(usage <= 0.5 + 1e-9 for usage in policy.usage)
+    assert any(refused) and max(policy.usage) > 0.4  # pressed: the watermark, not a full pool, said no
 
 
 @pytest.mark.parametrize("name", ["tropical", "tropical+"])

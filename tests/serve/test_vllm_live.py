@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live_server import LiveServer, live_server
 
@@ -43,10 +44,20 @@ def test_both_paths_answer_the_same_greedy_text(server: LiveServer) -> None:
     assert path1.json()["choices"][0]["message"] == path2.json()["choices"][0]["message"]
 
 
+def migrations(server: LiveServer) -> tuple[float, float]:
+    """The hand-offs counted so far and the seconds they took."""
+    text = httpx.get(f"{server.url}/metrics").text
+    samples = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return samples["tropical_migration_seconds_count"], samples["tropical_migration_seconds_sum"]
+
+
 def test_the_hand_off_is_measured(server: LiveServer) -> None:
-    chat(server)
-    metrics = httpx.get(f"{server.url}/metrics").text
-    assert "tropical_migration_seconds_count" in metrics
+    """Exported as 0 from the start, so only a count that grows with a Path 1 reply shows one."""
+    count, seconds = migrations(server)
+    reply = chat(server)
+    assert reply.status_code == 200 and reply.headers["x-tropical-path"] == "prefill", reply.text
+    after, after_seconds = migrations(server)
+    assert after == count + 1 and after_seconds > seconds
 
 
 def test_a_killed_prefill_instance_is_survived(server: LiveServer) -> None:

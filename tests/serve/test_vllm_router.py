@@ -13,8 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.factories import linear_model
+from tests.live_server import eventually
 from tests.serve.fake_vllm import FakeVllm, RunningFake, answer, running_fake
 from tropical.engine.loader import load_model
 from tropical.serve.options import ServeOptions
@@ -107,14 +109,15 @@ def test_path1_hands_the_kv_off_to_the_decode_instance(router: str, fakes: Fakes
 
 def test_under_load_a_request_whose_ttft_is_at_risk_goes_straight_to_the_multiplexing_instance(
         router: str, fakes: Fakes) -> None:
+    prefill, multiplex = fakes
+    prefill.fake.prefill_s_per_token = 1e-3  # the fake holds the long prompt for the 3 s predicted
     long = threading.Thread(target=post, args=(router, {"prompt": "fish " * 1000, "max_tokens": 2}))
     long.start()
-    time.sleep(0.3)
+    assert eventually(lambda: len(prefill.fake.requests) == 1), "the long prompt never reached the prefill"
     reply = post(router, {}, **{"x-slo-ttft-ms": "50"})
     long.join()
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-tropical-path"] == "multiplex", "Path 1 would queue behind the long prompt"
-    prefill, multiplex = fakes
     assert [len(r["prompt"]) > 1000 for r in prefill.fake.requests] == [True]
     assert reply.json()["choices"][0]["text"] == expected_text()
 
@@ -133,10 +136,18 @@ def test_errors_and_api_key_behave_as_with_our_engine(router: str) -> None:
     assert post(router, {"max_tokens": 10**6}).status_code == 400
 
 
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in a Prometheus exposition: 0 where none is exported."""
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and s.labels == labels)
+
+
 def test_metrics_count_paths_and_hand_offs(router: str) -> None:
     post(router, {})
     text = httpx.get(f"{router}/metrics").text
-    assert 'path="prefill"' in text and "tropical_migration" in text
+    assert sample(text, "tropical_path_decisions_total", path="prefill") == 1
+    assert sample(text, "tropical_migrations_total") == sample(text, "tropical_migration_seconds_count") == 1
+    assert sample(text, "tropical_migration_seconds_sum") > 0
 
 
 def test_a_killed_prefill_instance_is_survived(router: str, fakes: Fakes) -> None:

@@ -75,6 +75,8 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
              "profile": "fitted latency profile JSON (default: calibrated roofline)",
              "rate_scale": "multiply the trace's request rate",
              "limit": "first N requests of the trace",
+             "prefix_cache": "on (default, as vLLM): each worker reuses the prompt prefixes it "
+                             "computed (the trace's hash_ids); off: every prompt is computed whole",
              "tbt_scale": "TBT SLO (longest gap between two tokens) = this x the TPOT SLO",
              "predictor_bias": "systematic relative error of every prediction, e.g. -0.2: the "
                                "policy expects iterations 20%% faster than they run",

@@ -99,6 +99,7 @@ class SimConfig(PolicyConfig):
     slo_classes: str | None = None
     predictor_noise: float = 0.0
     predictor_bias: float = 0.0
+    prefix_cache: bool = True
 
     def with_preset(self) -> SimConfig:
         if self.cluster not in PRESETS:

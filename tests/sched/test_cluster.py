@@ -48,7 +48,7 @@ def test_a_finished_prompt_migrates_and_joins_the_decoder_when_its_kv_lands():
     cluster = disagg()
     req = make_request(0, output=3)
     effects = prefill(cluster, req)
-    assert effects == [Migrate(req, 0, 1)] and cluster.where(0) == 1
+    assert effects == [Migrate(req, 0, 1, req.prompt_len)] and cluster.where(0) == 1
     assert cluster.migrated(req, 0, 1) == [Free(0, 0), Wake(1), Wake(0)]
     batch = cluster.plan(1, 2.0)
     assert batch.decode_count == 1 and cluster.workers[0].kv.used_blocks == 0
@@ -63,7 +63,7 @@ def test_a_migration_without_room_stalls_until_a_finish_frees_kv():
     decode = cluster.plan(1, 3.0)
     booking = cluster.book(1, decode, 3.1)
     assert [r for r, _ in booking.finished] == [first]
-    assert Migrate(second, 0, 1) in booking.effects and not cluster.stalled
+    assert Migrate(second, 0, 1, second.prompt_len) in booking.effects and not cluster.stalled
 
 
 def test_abort_frees_the_requests_kv_and_wakes_its_worker():

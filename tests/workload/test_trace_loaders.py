@@ -46,6 +46,17 @@ def test_mooncake_rebases_ms_to_seconds(write_trace: WriteTrace, name: str) -> N
     assert [e.prefix_blocks for e in trace.entries] == [(0, 1), (0,), ()]
 
 
+def test_mooncake_lines_without_hash_ids_reuse_nothing_and_are_counted(write_trace: WriteTrace) -> None:
+    bare = {"timestamp": 10, "input_length": 600, "output_length": 5}
+    trace = load_mooncake(write_trace("t.jsonl", _jsonl(_rec(0), bare, bare)))
+    assert [e.prefix_blocks for e in trace.entries] == [(0, 1), (), ()]
+    assert trace.prefix_note.startswith("2 of 3 lines of t have no hash_ids")
+
+
+def test_mooncake_with_every_hash_ids_has_no_note(write_trace: WriteTrace) -> None:
+    assert load_mooncake(write_trace("t.jsonl", _jsonl(_rec(0), _rec(1)))).prefix_note == ""
+
+
 def test_mooncake_skips_blank_lines_and_accepts_crlf(write_trace: WriteTrace) -> None:
     text = "\n" + _jsonl(_rec(0)).replace("\n", "\r\n") + "\n  \n" + _jsonl(_rec(10))
     assert [e.arrival for e in load_mooncake(write_trace("t.jsonl", text)).entries] == [0, 0.01]
@@ -124,7 +135,7 @@ GOOD = _jsonl(_rec(0), _rec(5))
     [
         ('{"timestamp": 9, "input_length": 5,', "bad JSON"),
         ("[1, 2]", "JSON object"),
-        (json.dumps({"timestamp": 9, "input_length": 5, "output_length": 1}), "hash_ids"),
+        (json.dumps(_rec(ts=9, inp=512, ids=(0, 1))), "2 hash_ids name more 512-token blocks than a"),
         (json.dumps({"input_length": 5, "output_length": 1, "hash_ids": []}), "timestamp"),
         (json.dumps({"timestamp": 9, "output_length": 1, "hash_ids": []}), "input_length"),
         (json.dumps(_rec(inp=0)), "input_length must be an integer >= 1, got 0"),

@@ -120,6 +120,8 @@ class Summary:
     itl: Distribution = field(default_factory=lambda: Distribution.of([]))
     max_gap: Distribution = field(default_factory=lambda: Distribution.of([]))
     ttft_max: float = float("nan")
+    prefix_hit_rate: float = 0.0
+    migrated_tokens: float = 0.0
 
     def as_dict(self) -> dict[str, float | int | dict[str, int]]:
         """Flat keys (``ttft_p90_s``...) for JSON output and reports."""
@@ -128,7 +130,8 @@ class Summary:
             "attainment": self.attainment, "throughput_rps": self.throughput_rps,
             "output_tokens_per_s": self.output_tokens_per_s, "paths": dict(self.paths),
             "stream_attainment": self.stream_attainment, "stall_share": self.stall_share,
-            "ttft_max_s": self.ttft_max,
+            "ttft_max_s": self.ttft_max, "prefix_hit_rate": self.prefix_hit_rate,
+            "migrated_tokens_mean": self.migrated_tokens,
         }
         for metric in ("ttft", "tpot", "queueing", "e2e", "itl", "max_gap"):
             dist: Distribution = getattr(self, metric)
@@ -163,7 +166,16 @@ def summarize(requests: Sequence[Request], gaps: GapHistogram | None = None) -> 
         itl=Distribution.of_histogram(gaps),
         max_gap=Distribution.of([r.max_gap for r in done]),
         ttft_max=max(ttfts, default=float("nan")),
+        prefix_hit_rate=prefix_hit_rate(requests),
+        migrated_tokens=sum(r.migrated_tokens for r in requests) / len(requests) if requests else 0.0,
     )
+
+
+def prefix_hit_rate(requests: Sequence[Request]) -> float:
+    """Prompt tokens found in a prefix cache over all prompt tokens, of the requests prefilled."""
+    prefilled = [r for r in requests if r.first_token is not None]
+    prompt = sum(r.prompt_len for r in prefilled)
+    return sum(r.cached for r in prefilled) / prompt if prompt else 0.0
 
 
 def span(requests: Sequence[Request]) -> float:

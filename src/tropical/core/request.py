@@ -51,12 +51,20 @@ class Request:
     error: str | None = None
     max_gap: float = 0.0
     yielded: bool = False
+    prefix: tuple[int, ...] = ()
+    prefix_block: int = 0
+    cached: int = 0
+    migrated_tokens: int = 0
     step_base: int = field(default=0, repr=False)
     gap_step: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1:
             raise ValueError(f"request {self.id}: prompt and output lengths must be at least 1")
+        blocks = -(-self.prompt_len // self.prefix_block) if self.prefix_block > 0 else 0
+        if len(self.prefix) > blocks:
+            raise ValueError(f"request {self.id}: {len(self.prefix)} prefix blocks of {self.prefix_block} "
+                             f"tokens do not fit a prompt of {self.prompt_len} tokens")
 
     @property
     def kv_tokens(self) -> int:

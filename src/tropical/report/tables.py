@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tropical.sim.run import SimResult
+from tropical.sim.run import SimResult, prefix_note
 from tropical.sim.sweep import PolicyCapacity
 
 
@@ -32,8 +32,11 @@ def summary_table(result: SimResult) -> str:
     tail = (f"SLO attainment {s.attainment:.1%}   stream attainment {s.stream_attainment:.1%}   "
             f"stalls > 1 s {s.stall_share:.1%}   completed {s.completed}   failed {s.failed}   "
             f"throughput {s.throughput_rps:.2f} req/s, {s.output_tokens_per_s:.0f} tok/s   "
-            f"paths {s.paths}   simulated in {result.sim_wall_s:.2f} s")
-    return "\n".join([head, render(["metric", "p50", "p90", "p99"], rows), tail])
+            f"paths {s.paths}   prefix hit rate {s.prefix_hit_rate:.1%}   "
+            f"simulated in {result.sim_wall_s:.2f} s")
+    note = prefix_note(exp)
+    return "\n".join([head, render(["metric", "p50", "p90", "p99"], rows), tail,
+                      *([f"note: {note}"] if note else [])])
 
 
 def capacity_table(found: Mapping[str, PolicyCapacity], target: float) -> str:

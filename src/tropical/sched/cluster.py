@@ -38,11 +38,13 @@ class Wake:
 @dataclass(frozen=True, slots=True)
 class Migrate:
     """Move ``request``'s KV from ``source`` to ``target`` (room is reserved there), then report
-    ``migrated`` (or ``migration_failed``)."""
+    ``migrated`` (or ``migration_failed``): ``tokens`` of its prompt, those not cached on the
+    target already."""
 
     request: Request
     source: int
     target: int
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +226,9 @@ class Cluster:
         self.settle()
         target = self.policy.decode_worker(req, self.workers, now)
         if target is not None:
-            target.expect_migration(req)
+            tokens = target.expect_migration(req)
             self._at[req.id] = (req, target.id)
-            return [Migrate(req, source_id, target.id)]
+            return [Migrate(req, source_id, target.id, tokens)]
         if any(w.alive and w.role.decodes for w in self.workers):
             self.stalled.append((req, source_id))
             return []
@@ -285,5 +287,5 @@ class Cluster:
         rules, latency and cache size; stalled migrations may now find room on it."""
         old = self.workers[worker_id]
         self.workers[worker_id] = worker_state(worker_id, old.role, old.rules, old.kv.capacity_blocks,
-                                               old.kv.block_size, old.latency)
+                                               old.kv.block_size, old.latency, old.kv.cache is not None)
         return self._retry_stalled(now)

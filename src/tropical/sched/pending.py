@@ -55,10 +55,12 @@ class Pending:
 
     def plus(self, req: Request, worker: WorkerState, left: int | None = None) -> Pending:
         """These prompts and ``req``, bound for ``worker``, with ``left`` of its prompt tokens
-        still to compute (default: all it has not computed yet)."""
-        left = req.remaining_prompt if left is None else left
-        cached = req.prompt_len - left
-        reserve = 0 if req.id in worker.holds else worker.kv_tokens_needed(req)
+        still to compute (default: all it has not computed yet, or has not cached there)."""
+        if left is None:
+            left, cached = worker.prompt_split(req)
+        else:
+            cached = req.prompt_len - left
+        reserve = 0 if req.id in worker.holds else worker.kv_to_reserve(req)
         return Pending(self.count + 1, self.tokens + left, self.kv_new + reserve,
                        self.peak + req.kv_tokens, self.pairs + attention_pairs(left, cached),
                        self.cached + cached)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
+from tropical.sched.kv_router import KVRouterDisaggPolicy, KVRouterPolicy
 from tropical.sched.policy import Policy
 from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams, TropicalPolicy
@@ -30,6 +31,15 @@ DISAGG_SPLIT = re.compile(r"disagg-([1-9][0-9]*)p")
 xPyD, so that a study can give the baseline the split that suits its setting."""
 
 
+def _kv_router_at(size: int) -> Callable[[PolicyParams], Policy]:
+    """Dynamo's KV router over chunked workers at chunk budget ``size`` (``kv-router``: 512)."""
+    name = "kv-router" if size == KV_ROUTER_CHUNK else f"kv-router-{size}"
+    return lambda p: KVRouterPolicy(size, p.max_seqs, name)
+
+
+KV_ROUTER_CHUNK = 512
+
+
 def _chunked_at(size: int) -> Callable[[PolicyParams], Policy]:
     """The chunked baseline's factory with its chunk budget fixed at ``size``."""
     return lambda p: ColocatedPolicy(p.max_batched_tokens, chunked=True, chunk_budget=size,
@@ -42,6 +52,9 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
     **{f"chunked-{size}": _chunked_at(size) for size in CHUNK_SIZES},
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.toggle.num_prefill, p.max_seqs),
+    **{_kv_router_at(size)(PolicyParams()).name: _kv_router_at(size) for size in CHUNK_SIZES},
+    "kv-router-disagg": lambda p: KVRouterDisaggPolicy(p.max_batched_tokens, KV_ROUTER_CHUNK,
+                                                       p.toggle.num_prefill, p.max_seqs),
     "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle, p.max_seqs),
     "tropical+": lambda p: TropicalPolicy(
         p.max_batched_tokens, replace(p.toggle, slack=SlackRule.ITERATION, chunked=True, laxity=True,

@@ -21,6 +21,7 @@ from tropical.core.latency.online import OnlineLatency
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.kv import KVPool
+from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.token_gaps import TokenGaps
 
@@ -30,12 +31,13 @@ class WorkerState:
     """What the policy sees of a worker and what batch formation consumes.
 
     ``waiting`` changes only through these methods, which count their edits (``queued_costs``
-    keeps its prices until the next one). ``decode_context`` and ``decode_peak`` sum the running
-    requests' contexts now and at their longest (``kv_tokens``). ``last_chunk`` is the chunk
-    batch formation last cut here: where its next search starts (consecutive chunks of a
-    prompt differ by a few tokens). ``catching_up`` holds the requests that joined the batch
-    after their first token came elsewhere (migrated KV) until they are on pace with their TPOT
-    SLO (see ``catch_up_deadline``).
+    keeps its prices until the next one; ``waiting_tokens`` sums their unfinished tokens and
+    ``waiting_prompt`` their prompt tokens still to compute). ``decode_context`` and
+    ``decode_peak`` sum the running requests' contexts now and at their longest (``kv_tokens``).
+    ``last_chunk`` is the chunk batch formation last cut here: where its next search starts
+    (consecutive chunks of a prompt differ by a few tokens). ``catching_up`` holds the requests
+    that joined the batch after their first token came elsewhere (migrated KV) until they are on
+    pace with their TPOT SLO (see ``catch_up_deadline``).
     """
 
     id: int
@@ -53,6 +55,7 @@ class WorkerState:
     decode_peak: int = 0
     running_remaining: int = 0
     waiting_tokens: int = 0
+    waiting_prompt: int = 0
     busy_until: float = 0.0
     batch_prefills: int = 0
     inflight: dict[int, int] = field(default_factory=dict)
@@ -144,7 +147,8 @@ class WorkerState:
         return costs
 
     def prefill_cost(self, req: Request) -> float:
-        """Predicted time of ``req``'s remaining prompt here, cached until its progress changes."""
+        """Predicted time of ``req``'s remaining prompt here, cached until its progress changes
+        (asked only of requests queued here)."""
         cached = self._costs.get(req.id)
         if cached is not None and cached[0] == req.computed:
             return cached[1]
@@ -152,16 +156,60 @@ class WorkerState:
         self._costs[req.id] = (req.computed, cost)
         return cost
 
+    def _here(self, req: Request) -> bool:
+        """Is ``req``'s progress this worker's (or can no cache here change it)?"""
+        cache = self.kv.cache
+        return cache is None or not req.prefix or req.id in cache.refs
+
+    def hit(self, req: Request) -> int:
+        """Prompt tokens of ``req`` that would start computed here: the cached run of its
+        prefix blocks, at most all of its whole KV blocks but the one holding its last token
+        (that token's logits must be computed, as in vLLM)."""
+        cache = self.kv.cache
+        if cache is None or not req.prefix:
+            return 0
+        return min(cache.lookup(req), self._hit_cap(req))
+
+    def _hit_cap(self, req: Request) -> int:
+        return (req.prompt_len - 1) // self.kv.block_size * self.kv.block_size
+
+    def prompt_split(self, req: Request) -> tuple[int, int]:
+        """``req``'s prompt tokens still to compute here and those already computed (or
+        cached) here: its own progress if it is here, else what this worker's cache holds."""
+        if self._here(req):
+            return req.remaining_prompt, req.computed
+        hit = self.hit(req)
+        return req.prompt_len - hit, hit
+
+    def prefill_estimate(self, req: Request) -> float:
+        """Predicted time of ``req``'s prompt here, its cached prefix not recomputed."""
+        if self._here(req):
+            return self.prefill_cost(req)
+        new, cached = self.prompt_split(req)
+        return prefill_time(self.latency, new, cached)
+
     def kv_tokens_needed(self, req: Request) -> int:
         """A prefill-only worker holds the prompt; a decoding worker the whole lifetime's KV."""
         return req.kv_tokens if self.role.decodes else req.prompt_len
 
+    def kv_to_reserve(self, req: Request) -> int:
+        """KV tokens ``req`` needs here beyond the cached blocks it references (or would)."""
+        cache = self.kv.cache
+        if cache is None or not req.prefix:
+            return self.kv_tokens_needed(req)
+        shared = cache.held_tokens(req) if req.id in cache.refs else cache.lookup(req)
+        return self.kv_tokens_needed(req) - shared
+
     def can_hold(self, req: Request, watermark: float = 1.0) -> bool:
-        return self.kv.fits(self.kv_tokens_needed(req), watermark)
+        cache = self.kv.cache
+        if cache is None or not req.prefix or req.id in cache.refs:
+            return self.kv.fits(self.kv_to_reserve(req), watermark)
+        return self.kv.fits(self.kv_to_reserve(req), watermark, cache.unreferenced_run(req))
 
     def reserve(self, req: Request) -> bool:
-        """Reserve ``req``'s KV here if it fits; False leaves everything unchanged."""
-        tokens = self.kv_tokens_needed(req)
+        """Reserve ``req``'s KV here (beyond its cached blocks) if it fits; False leaves
+        everything unchanged."""
+        tokens = self.kv_to_reserve(req)
         if req.id in self.holds or not self.kv.fits(tokens):
             return req.id in self.holds
         self.holds[req.id] = self.kv.reserve(tokens)
@@ -169,14 +217,25 @@ class WorkerState:
 
     def release(self, req: Request) -> None:
         self.kv.release(self.holds.pop(req.id, 0))
+        self.kv.unpin(req)
+
+    def _store(self, req: Request, tokens: int) -> None:
+        """``req``'s first ``tokens`` prompt tokens are computed here: the cache keeps them."""
+        moved = self.kv.store(req, tokens)
+        if moved:
+            self.holds[req.id] -= moved
 
     def enqueue(self, req: Request) -> None:
-        """Accept a request whose prompt this worker will prefill (at the back, or by laxity)."""
+        """Accept a request whose prompt this worker will prefill (at the back, or by laxity);
+        its prefix cached here starts computed."""
+        if self.kv.cache is not None and req.prefix:
+            req.cached = req.computed = min(self.kv.pin(req), self._hit_cap(req))
         slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
         self.waiting.insert(slot, req)
         self._queue_edited(slot)
         self._add_queued_work(req, 1)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+        self.waiting_prompt += req.remaining_prompt
 
     def latest_start(self, req: Request) -> float:
         """When ``req``'s prefill must start here to meet its TTFT SLO (never, for one that
@@ -207,11 +266,15 @@ class WorkerState:
         if isinstance(self.latency, OnlineLatency):
             self.latency.observe(shape, seconds, times)
 
-    def expect_migration(self, req: Request) -> None:
-        """Reserve room for a request whose KV is on its way here."""
+    def expect_migration(self, req: Request) -> int:
+        """Reserve room for a request whose KV is on its way here; returns the prompt tokens
+        of KV to move (those not cached here already)."""
+        held = self.kv.pin(req) if req.prefix else 0
         if not self.reserve(req):
+            self.kv.unpin(req)
             raise MemoryError(f"worker {self.id} has no room for request {req.id}")
         self.expect_landing(req)
+        return req.prompt_len - held
 
     def expect_landing(self, req: Request) -> None:
         """Count ``req`` among the requests whose KV is on its way here (its room held)."""
@@ -238,7 +301,9 @@ class WorkerState:
         heapq.heappush(self._finishes, (req.step_base + req.output_len, req.id, req))
 
     def arrive_migrated(self, req: Request) -> None:
-        """Migrated KV has landed; the request joins the batch at the next iteration boundary."""
+        """Migrated KV has landed (its prompt's blocks enter the cache); the request joins the
+        batch at the next iteration boundary."""
+        self._store(req, req.prompt_len)
         self.inbox.append(req)
 
     def admit_inbox(self) -> None:
@@ -305,8 +370,10 @@ class WorkerState:
         decodes in place; on a prefill worker it waits for migration (the caller's job).
         """
         req.computed += new
+        self._store(req, req.computed)
         in_flight = self.inflight.pop(req.id, None) is not None
         self.waiting_tokens -= new
+        self.waiting_prompt -= new
         self.batch_prefills = max(0, self.batch_prefills - 1)
         if req.computed < req.prompt_len:
             self._queue_edits += 1                     # the rest of it is queued again
@@ -346,6 +413,7 @@ class WorkerState:
             del self.waiting[slot]
             self._costs.pop(req.id, None)
             self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+            self.waiting_prompt -= req.remaining_prompt
         if req.id in self.running:
             req.generated = self.generated(req)
             del self.running[req.id]
@@ -358,6 +426,9 @@ class WorkerState:
             heapq.heapify(self._finishes)
             self.gaps.left(req)
         self.release(req)
+        if req.first_token is None:
+            req.computed -= req.cached           # its cached prefix was this worker's
+            req.cached = 0
 
 
 # A real engine measures time instead of predicting it; a WorkerState only prices work for the TPOT
@@ -366,7 +437,7 @@ UNPRICED = FittedModel(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, transfer_bandwidth=1.0
 
 
 def worker_state(worker_id: int, role: Role, rules: BatchRules, cache_blocks: int, block_size: int,
-                 latency: LatencyModel = UNPRICED) -> WorkerState:
+                 latency: LatencyModel = UNPRICED, prefix_cache: bool = False) -> WorkerState:
     """A WorkerState whose KV pool mirrors an engine cache of ``cache_blocks`` blocks."""
-    return WorkerState(worker_id, role, rules, KVPool(capacity_blocks=cache_blocks, block_size=block_size),
-                       latency)
+    cache = PrefixCache(block_size) if prefix_cache else None
+    return WorkerState(worker_id, role, rules, KVPool(cache_blocks, block_size, cache=cache), latency)

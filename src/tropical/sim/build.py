@@ -65,4 +65,4 @@ def experiment(cfg: SimConfig) -> Experiment:
     slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.tbt_scale)
     mix = parse_slo_classes(cfg.slo_classes, cfg.seed, cfg.tbt_scale) if cfg.slo_classes else None
     return Experiment(trace, cluster, cfg.policy, cfg.policy_params(), slo, cfg.rate_scale,
-                      cfg.predictor_noise, cfg.seed, mix, cfg.predictor_bias)
+                      cfg.predictor_noise, cfg.seed, mix, cfg.predictor_bias, cfg.prefix_cache)

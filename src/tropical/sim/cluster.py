@@ -45,21 +45,28 @@ class ClusterSpec:
         return self.workers[0].latency
 
     @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV one token holds on the reference replica (what a migration moves)."""
+        return self.workers[0].replica.model.kv_bytes_per_token
+
+    @property
     def max_context(self) -> int:
         return min(w.replica.model.max_context for w in self.workers)
 
     def build(self, policy: Policy, predictor_noise: float = 0.0, seed: int = 0,
-              predictor_bias: float = 0.0) -> list[WorkerState]:
+              predictor_bias: float = 0.0, prefix_cache: bool = False) -> list[WorkerState]:
         """Fresh worker states with the policy's roles and batch rules.
 
         Their ``latency`` is what the policy predicts with: the true model, or the true model
         with ``predictor_noise`` relative error and ``predictor_bias`` systematic error (see
-        ``NoisyModel``), corrected online where the policy learns from its iterations.
+        ``NoisyModel``), corrected online where the policy learns from its iterations. With
+        ``prefix_cache`` each worker keeps the prompts it computed for reuse (vLLM's automatic
+        prefix caching).
         """
         roles = policy.roles(len(self.workers))
         return [
             WorkerState(i, role, policy.rules(role),
-                        KVPool.for_tokens(spec.kv_capacity_tokens, self.block_size),
+                        KVPool.for_tokens(spec.kv_capacity_tokens, self.block_size, prefix_cache),
                         _predictor(spec.latency, predictor_noise, predictor_bias, seed + i,
                                    policy.learns_latency))
             for i, (spec, role) in enumerate(zip(self.workers, roles, strict=True))

@@ -14,7 +14,7 @@ from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
 from tropical.sim.cluster import ClusterSpec
 from tropical.sim.simulator import Simulator, WorkerStats
-from tropical.workload.trace import Trace
+from tropical.workload.trace import PREFIX_BLOCK_TOKENS, Trace
 from tropical.workload.transform import scale_rate
 
 
@@ -32,12 +32,16 @@ class Experiment:
     seed: int = 0
     slo_mix: SLOMix | None = None
     predictor_bias: float = 0.0
+    prefix_cache: bool = True
 
     def at_rate(self, rate_scale: float) -> Experiment:
         return replace(self, rate_scale=rate_scale)
 
     def with_policy(self, policy: str) -> Experiment:
         return replace(self, policy=policy)
+
+    def with_prefix_cache(self, on: bool) -> Experiment:
+        return replace(self, prefix_cache=on)
 
 
 @dataclass
@@ -60,9 +64,14 @@ class SimResult:
             "rate_scale": self.experiment.rate_scale,
             "rate_rps": self.experiment.rate_scale * self.experiment.trace.mean_rate,
             **self.summary.as_dict(),
+            "kv_migrated_bytes_per_request": (self.summary.migrated_tokens
+                                              * self.experiment.cluster.kv_bytes_per_token),
+            "prefix_cache": self.experiment.prefix_cache,
+            "prefix_note": prefix_note(self.experiment),
             "workers": [
                 {"role": role.value, "busy_fraction": s.busy / max(self.span, 1e-12),
-                 "iterations": s.iterations, "prefill_tokens": s.prefill_tokens}
+                 "iterations": s.iterations, "prefill_tokens": s.prefill_tokens,
+                 "prefix_hit_rate": s.prefix_hit_rate}
                 for role, s in zip(self.roles, self.worker_stats, strict=True)
             ],
             "sim_wall_s": self.sim_wall_s,
@@ -73,6 +82,16 @@ class SimResult:
     def span(self) -> float:
         finishes = [r.finish for r in self.requests if r.finish is not None]
         return max(finishes) - self.requests[0].arrival if finishes else 0.0
+
+
+def prefix_note(exp: Experiment) -> str:
+    """Why some prompts cannot reuse cached prefixes in this run ('' when all may)."""
+    if not exp.prefix_cache:
+        return "prefix caching is off (--prefix-cache off)"
+    if exp.trace.prefix_note or any(e.prefix_blocks for e in exp.trace.entries):
+        return exp.trace.prefix_note
+    return (f"trace {exp.trace.name} records no prefix hashes (hash_ids): every prompt is computed "
+            "whole, so every hit rate is 0")
 
 
 def request_slos(exp: Experiment) -> list[SLO]:
@@ -86,7 +105,8 @@ def request_slos(exp: Experiment) -> list[SLO]:
 
 def make_requests(exp: Experiment) -> list[Request]:
     trace = scale_rate(exp.trace, exp.rate_scale)
-    return [Request(i, e.arrival, e.input_len, e.output_len, slo)
+    return [Request(i, e.arrival, e.input_len, e.output_len, slo, prefix=e.prefix_blocks,
+                    prefix_block=PREFIX_BLOCK_TOKENS)
             for i, (e, slo) in enumerate(zip(trace.entries, request_slos(exp), strict=True))]
 
 
@@ -97,7 +117,7 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     simulated then count as failed, so the summary's attainment is a lower bound below it.
     """
     policy = make_policy(exp.policy, exp.params)
-    workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed, exp.predictor_bias)
+    workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed, exp.predictor_bias, exp.prefix_cache)
     requests = make_requests(exp)
     budget = None if stop_below is None else int((1 - stop_below) * len(requests))
     started = time.perf_counter()

@@ -53,6 +53,13 @@ class WorkerStats:
     busy: float = 0.0
     iterations: int = 0
     prefill_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Cached prompt tokens over prompt tokens of the prompts this worker prefilled."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class Simulator:
@@ -207,6 +214,9 @@ class Simulator:
         if run is None:
             stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
         booking = self.cluster.book(worker_id, flight.batch, self.now, steps, first=first, growth=growth)
+        for req in booking.prefilled:
+            stats.prompt_tokens += req.prompt_len
+            stats.cached_tokens += req.cached
         if booking.prefilled or booking.finished:
             self._count_misses(booking)
         if booking.effects:
@@ -223,7 +233,8 @@ class Simulator:
 
     def _transfer(self, move: Migrate) -> None:
         req = move.request
-        req.migration_time = self.truth[move.source].transfer_time(req.prompt_len)
+        req.migrated_tokens = move.tokens
+        req.migration_time = self.truth[move.source].transfer_time(move.tokens)
         self._push(self.now + req.migration_time, _MIGRATED, (req, move.source, move.target))
 
     def _migrated(self, req: Request, source_id: int, target_id: int) -> None:

@@ -14,12 +14,13 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TextIO, TypeVar
 
-from tropical.workload.trace import Trace, TraceEntry
+from tropical.workload.trace import PREFIX_BLOCK_TOKENS, Trace, TraceEntry
 
 PathLike = str | os.PathLike[str]
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -45,9 +46,16 @@ class _LineError(Exception):
 
 
 def load_mooncake(path: PathLike) -> Trace:
-    """Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
+    """Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``
+    (a line without ``hash_ids`` reuses no prefix; the trace's ``prefix_note`` counts them)."""
     with _open_text(path) as f:
-        return _timed_trace(path, _parsed(path, _lines(f), _mooncake_row), units_per_second=1000)
+        trace = _timed_trace(path, _parsed(path, _lines(f), _mooncake_row), units_per_second=1000)
+    bare = sum(not e.prefix_blocks for e in trace.entries)
+    if bare:
+        note = (f"{bare} of {len(trace)} lines of {trace.name} have no hash_ids: their prompts "
+                "reuse no cached prefix")
+        return replace(trace, prefix_note=note)
+    return trace
 
 
 def load_azure(path: PathLike) -> Trace:
@@ -149,7 +157,7 @@ def _mooncake_row(line: str) -> _Row:
     if type(record) is not dict:
         raise _LineError("expected a JSON object")
     try:
-        stamp, blocks = record["timestamp"], record["hash_ids"]
+        stamp, blocks = record["timestamp"], record.get("hash_ids", [])
         input_len, output_len = record["input_length"], record["output_length"]
     except KeyError as e:
         raise _LineError(f"missing key {e}") from None
@@ -157,12 +165,11 @@ def _mooncake_row(line: str) -> _Row:
         raise _LineError(f"timestamp must be a finite number, got {stamp!r}")
     if type(blocks) is not list or not set(map(type, blocks)) <= _INT_TYPE:
         raise _LineError(f"hash_ids must be a list of integers, got {blocks!r}")
-    return (
-        stamp,
-        _length(input_len, "input_length"),
-        _length(output_len, "output_length"),
-        tuple(blocks),
-    )
+    prompt = _length(input_len, "input_length")
+    if len(blocks) > -(-prompt // PREFIX_BLOCK_TOKENS):
+        raise _LineError(f"{len(blocks)} hash_ids name more {PREFIX_BLOCK_TOKENS}-token blocks than "
+                         f"a prompt of {prompt} tokens holds")
+    return stamp, prompt, _length(output_len, "output_length"), tuple(blocks)
 
 
 def _azure_row(line: str) -> _Row:

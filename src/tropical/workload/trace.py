@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PREFIX_BLOCK_TOKENS = 512
+"""Tokens each of a trace entry's ``prefix_blocks`` covers (Mooncake's ``hash_ids``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TraceEntry:
-    """One request of a trace. ``arrival`` is seconds from the trace's first request."""
+    """One request of a trace. ``arrival`` is seconds from the trace's first request;
+    ``prefix_blocks`` names its prompt's blocks of ``PREFIX_BLOCK_TOKENS`` by chained hash."""
 
     arrival: float
     input_len: int
@@ -20,12 +24,14 @@ class Trace:
     """An ordered list of entries with the name it was loaded under.
 
     ``timed`` is False for a file that records lengths only: its arrivals are all 0 until a
-    request rate gives it an arrival process (``workload.transform.at_rate``).
+    request rate gives it an arrival process (``workload.transform.at_rate``). ``prefix_note``
+    says why some entries carry no prefix blocks ('' when every one does).
     """
 
     name: str
     entries: tuple[TraceEntry, ...] = field(default_factory=tuple)
     timed: bool = True
+    prefix_note: str = ""
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tropical.workload.trace import Trace, TraceEntry
+from tropical.workload.trace import PREFIX_BLOCK_TOKENS, Trace, TraceEntry
 
 
 def scale_rate(trace: Trace, rate_scale: float) -> Trace:
@@ -77,8 +77,9 @@ def arrivals(trace: Trace, how: str, seed: int) -> Trace:
 def scale_lengths(trace: Trace, length_scale: float) -> Trace:
     """Input and output lengths times ``length_scale``, rounded, at least 1.
 
-    Prefix blocks are dropped when the scale is not 1: they describe the original prompt's
-    tokens, and keeping them would claim cache hits for tokens that no longer exist.
+    Prefix blocks are dropped when the scale is not 1 (and the trace's ``prefix_note`` says so):
+    they describe the original prompt's tokens, and keeping them would claim cache hits for
+    tokens that no longer exist.
     """
     _check_positive("length_scale", length_scale)
     if length_scale == 1:
@@ -92,7 +93,10 @@ def scale_lengths(trace: Trace, length_scale: float) -> Trace:
         )
         for e in trace.entries
     )
-    return replace(trace, entries=entries)
+    dropped = any(e.prefix_blocks for e in trace.entries)
+    note = (f"lengths scaled by {length_scale:g}: the trace's prefix blocks no longer describe the "
+            "prompts, so no prompt reuses a cached prefix") if dropped else trace.prefix_note
+    return replace(trace, entries=entries, prefix_note=note)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +120,17 @@ class LengthBounds:
 
 def bound_lengths(trace: Trace, bounds: LengthBounds) -> Trace:
     """Each request's lengths clamped into ``bounds``; requests are kept, never dropped, so the
-    arrival process (and the rate) stays the trace's."""
-    entries = tuple(
-        replace(e, input_len=_clamped(e.input_len, bounds.min_input, bounds.max_input),
-                output_len=_clamped(e.output_len, bounds.min_output, bounds.max_output))
-        for e in trace.entries
-    )
-    return replace(trace, entries=entries)
+    arrival process (and the rate) stays the trace's. A clamped prompt keeps only the prefix
+    blocks that were whole in the original and still are (the others' tokens changed)."""
+    entries = []
+    for e in trace.entries:
+        prompt = _clamped(e.input_len, bounds.min_input, bounds.max_input)
+        blocks = e.prefix_blocks
+        if prompt != e.input_len:
+            blocks = blocks[:min(e.input_len, prompt) // PREFIX_BLOCK_TOKENS]
+        entries.append(replace(e, input_len=prompt, prefix_blocks=blocks,
+                               output_len=_clamped(e.output_len, bounds.min_output, bounds.max_output)))
+    return replace(trace, entries=tuple(entries))
 
 
 def take(

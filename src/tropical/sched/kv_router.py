@@ -1,0 +1,98 @@
+"""Cache-aware router baselines, as production runs them in front of vLLM (DESIGN.md §6).
+
+kv-router:        Dynamo's KV router over chunked-prefill colocated workers: each request goes
+                  to the worker of lowest cost, overlap weight x the prefill blocks it would
+                  have (the request's uncached blocks there plus the prompts queued there) + the
+                  worker's active KV blocks.
+kv-router-disagg: disaggregated prefill and decode workers; a prompt goes to the prefill worker
+                  of lowest such cost, unless the decode worker chosen by load lacks at most
+                  ``local_limit`` of its tokens, which then prefills it locally (Dynamo's and
+                  TensorRT-LLM's conditional disaggregation, llm-d's prefix-based P/D decider).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from tropical.core.request import PrefillPath, Request
+from tropical.sched.baselines import split_roles
+from tropical.sched.dispatch import fewest_unfinished
+from tropical.sched.policy import Assignment, Policy
+from tropical.sched.rules import BatchRules, Role
+from tropical.sched.worker import WorkerState
+
+OVERLAP_WEIGHT = 1.0
+"""Dynamo's default weight of prefill blocks against active blocks."""
+LOCAL_PREFILL_LIMIT = 1000
+"""Tokens a decode worker may prefill itself under conditional disaggregation (Dynamo's
+``max_local_prefill_length`` default)."""
+
+
+def kv_cost(req: Request, worker: WorkerState, weight: float = OVERLAP_WEIGHT) -> float:
+    """Dynamo's routing cost of ``req`` on ``worker``, in KV blocks."""
+    new, _ = worker.prompt_split(req)
+    prefill = worker.kv.blocks_for(new + worker.waiting_prompt)
+    return weight * prefill + worker.kv.used_blocks
+
+
+def lowest_cost(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
+    """The live worker of lowest ``kv_cost`` (lowest id breaks ties)."""
+    live = [w for w in workers if w.alive]
+    return min(live, key=lambda w: (kv_cost(req, w), w.id)) if live else None
+
+
+class KVRouterPolicy(Policy):
+    """Colocated chunked-prefill workers behind Dynamo's KV router."""
+
+    def __init__(self, chunk_budget: int = 512, max_seqs: int = 256, name: str = "kv-router") -> None:
+        self.name = name
+        self._rules = BatchRules(prefill_first=False, chunked=True, token_budget=chunk_budget,
+                                 max_seqs=max_seqs)
+
+    def roles(self, num_workers: int) -> list[Role]:
+        return [Role.COLOCATED] * num_workers
+
+    def rules(self, role: Role) -> BatchRules:
+        return self._rules
+
+    def on_arrival(self, req: Request, now: float,
+                   workers: Sequence[WorkerState]) -> list[Assignment]:
+        target = lowest_cost(req, (w for w in workers if w.role.takes_arrivals))
+        if target is None:
+            raise RuntimeError("no live worker takes new requests")
+        return [Assignment(req, target.id, PrefillPath.COLOCATED, "lowest KV-router cost")]
+
+
+class KVRouterDisaggPolicy(Policy):
+    """Prefill workers routed by overlap plus load, decode workers by load, and short uncached
+    prompts prefilled where they decode."""
+
+    def __init__(self, max_batched_tokens: int, chunk_budget: int = 512, num_prefill: int | None = None,
+                 max_seqs: int = 256, local_limit: int = LOCAL_PREFILL_LIMIT,
+                 name: str = "kv-router-disagg") -> None:
+        self.name = name
+        self.num_prefill = num_prefill
+        self.local_limit = local_limit
+        self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens, max_seqs=max_seqs)
+        self._decode = BatchRules(prefill_first=False, chunked=True, token_budget=chunk_budget,
+                                  max_seqs=max_seqs)
+
+    def roles(self, num_workers: int) -> list[Role]:
+        return split_roles(num_workers, self.num_prefill, Role.MULTIPLEX)
+
+    def rules(self, role: Role) -> BatchRules:
+        return self._prefill if role is Role.PREFILL else self._decode
+
+    def on_arrival(self, req: Request, now: float,
+                   workers: Sequence[WorkerState]) -> list[Assignment]:
+        decode = fewest_unfinished(w for w in workers if w.role is Role.MULTIPLEX)
+        if decode is not None and decode.prompt_split(req)[0] <= self.local_limit:
+            return [Assignment(req, decode.id, PrefillPath.COLOCATED,
+                               f"conditional disaggregation: at most {self.local_limit} tokens uncached "
+                               "on the decode worker")]
+        prefill = lowest_cost(req, (w for w in workers if w.role is Role.PREFILL))
+        if prefill is not None:
+            return [Assignment(req, prefill.id, PrefillPath.PREFILL_WORKER, "lowest KV-router cost")]
+        if decode is None:
+            raise RuntimeError("no live worker takes new requests")
+        return [Assignment(req, decode.id, PrefillPath.COLOCATED, "no live prefill worker")]

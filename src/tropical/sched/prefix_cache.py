@@ -1,0 +1,154 @@
+"""A worker's prefix cache in vLLM's shape: computed prompt blocks kept by chained hash.
+
+A prompt names its blocks by keys (``Request.prefix``): the same key means the same tokens up to
+the end of that block, so a cached run of keys from the first one is KV another request may
+reuse. Blocks that a request on this worker references count as used KV; blocks no request
+references stay cached, count as free, and are evicted least recently freed first (a request's
+tail before its head, as vLLM frees them), only when room is needed. A key covers ``prefix_block``
+tokens, a whole number of the worker's KV blocks; only its full KV blocks are cached.
+
+Pure bookkeeping in blocks: ``KVPool`` owns the counts of used and free blocks and asks this
+cache which blocks a request shares and which it may evict.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from tropical.core.request import Request
+
+
+@dataclass(slots=True)
+class CachedBlock:
+    """One cached prefix block: the KV blocks it fills and the requests here that reference it."""
+
+    blocks: int
+    refs: int = 0
+
+
+@dataclass(slots=True)
+class PrefixCache:
+    """The prefix blocks one worker holds, who references them, and the eviction order of the
+    unreferenced ones. ``free_blocks`` counts the KV blocks of unreferenced cached prefix blocks
+    (free KV that still serves hits); ``version`` changes whenever a key enters or leaves, so
+    that lookups may be kept until it does."""
+
+    block_size: int
+    entries: dict[int, CachedBlock] = field(default_factory=dict)
+    lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    refs: dict[int, list[int]] = field(default_factory=dict)
+    free_blocks: int = 0
+    version: int = 0
+    _hits: dict[int, int] = field(default_factory=dict)
+    _hits_version: int = -1
+
+    def blocks_of(self, req: Request, i: int) -> int:
+        """Full KV blocks of ``req``'s prefix block ``i`` (the last one may be partial)."""
+        return min(req.prefix_block, req.prompt_len - i * req.prefix_block) // self.block_size
+
+    def held_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req``'s KV here that are cached blocks it references."""
+        return sum(self.entries[key].blocks for key in self.refs.get(req.id, ())) * self.block_size
+
+    def lookup(self, req: Request) -> int:
+        """Prompt tokens of ``req`` cached here as a run of blocks from its first (kept per
+        request until a key enters or leaves: the toggle asks of many workers per decision)."""
+        if self._hits_version != self.version:
+            self._hits, self._hits_version = {}, self.version
+        hit = self._hits.get(req.id)
+        if hit is None:
+            hit = self._hits[req.id] = self._run(req) * self.block_size
+        return hit
+
+    def _run(self, req: Request) -> int:
+        """KV blocks of the cached run of ``req``'s prefix blocks from the first."""
+        return sum(entry.blocks for _, entry in self._cached_run(req, 0))
+
+    def _cached_run(self, req: Request, start: int) -> Iterator[tuple[int, CachedBlock]]:
+        """``req``'s prefix blocks from ``start`` on while each is cached (a partial block,
+        its prompt's last, ends the run)."""
+        for key in req.prefix[start:]:
+            entry = self.entries.get(key)
+            if entry is None:
+                return
+            yield key, entry
+            if entry.blocks * self.block_size < req.prefix_block:
+                return
+
+    def unreferenced_run(self, req: Request) -> int:
+        """KV blocks of ``req``'s cached run that no request references (referencing them
+        makes them used)."""
+        return sum(entry.blocks for _, entry in self._cached_run(req, 0) if entry.refs == 0)
+
+    def pin(self, req: Request) -> int:
+        """Reference ``req``'s cached run for as long as it stays here; returns the KV blocks
+        that were free (unreferenced) and are now used."""
+        keys = self.refs.setdefault(req.id, [])
+        revived = 0
+        for key, entry in list(self._cached_run(req, len(keys))):
+            revived += self._reference(key, entry)
+            keys.append(key)
+        return revived
+
+    def _reference(self, key: int, entry: CachedBlock) -> int:
+        entry.refs += 1
+        if entry.refs > 1:
+            return 0
+        del self.lru[key]
+        self.free_blocks -= entry.blocks
+        return entry.blocks
+
+    def store(self, req: Request, tokens: int) -> tuple[int, int, int]:
+        """``req`` has the KV of its first ``tokens`` prompt tokens here: its full prefix blocks
+        among them become cached blocks it references. A block already cached (another request
+        computed it meanwhile) is shared, and ``req``'s own copy freed. Returns, in KV blocks:
+        ``req``'s own blocks now in the cache's care, those of them freed as copies, and cached
+        blocks that were free and are now used (referenced again)."""
+        keys = self.refs.setdefault(req.id, [])
+        moved = copies = revived = 0
+        while len(keys) < len(req.prefix):
+            i = len(keys)
+            blocks = self.blocks_of(req, i)
+            if blocks == 0 or i * req.prefix_block + blocks * self.block_size > tokens:
+                break
+            key = req.prefix[i]
+            entry = self.entries.get(key)
+            if entry is None:
+                self.entries[key] = CachedBlock(blocks, 1)
+                self.version += 1
+            else:
+                revived += self._reference(key, entry)
+                copies += blocks
+            moved += blocks
+            keys.append(key)
+        return moved, copies, revived
+
+    def release(self, req: Request) -> int:
+        """``req`` leaves this worker: its cached blocks lose a reference, and those no request
+        references any more join the eviction order, tail first. Returns the KV blocks that
+        were used and are now free (still cached)."""
+        freed = 0
+        for key in reversed(self.refs.pop(req.id, ())):
+            entry = self.entries[key]
+            entry.refs -= 1
+            if entry.refs == 0:
+                self.lru[key] = None
+                self.free_blocks += entry.blocks
+                freed += entry.blocks
+        return freed
+
+    def evict(self, blocks: int) -> None:
+        """Drop unreferenced cached blocks, least recently freed first, until ``blocks`` KV
+        blocks are no longer cached."""
+        while blocks > 0 and self.lru:
+            key, _ = self.lru.popitem(last=False)
+            entry = self.entries.pop(key)
+            self.free_blocks -= entry.blocks
+            blocks -= entry.blocks
+            self.version += 1
+
+    def clear(self) -> None:
+        """Forget every unreferenced cached block."""
+        self.evict(self.free_blocks)

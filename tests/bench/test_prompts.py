@@ -23,7 +23,9 @@ def test_shared_prefix_blocks_give_equal_tokens_and_the_rest_differs():
 
 
 def test_requests_without_shared_blocks_share_nothing():
-    assert token_ids(req(0, 64), 0) != token_ids(req(1, 64), 0)
+    """Tokens agree only by chance (1 in 400 per position), so no prefix cache block hits."""
+    a, b = token_ids(req(0, BLOCK_TOKENS), 0), token_ids(req(1, BLOCK_TOKENS), 0)
+    assert a[0] != b[0] and sum(x == y for x, y in zip(a, b, strict=True)) <= 8
     assert token_ids(req(0, 64), 0) == token_ids(req(0, 64), 0)
 
 

@@ -67,9 +67,13 @@ def test_streamed_completion_matches_whole(client: openai.OpenAI) -> None:
 
 
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
-    args = {"model": MODEL, "prompt": "seeded", "max_tokens": 10, "temperature": 1.0, "seed": 7}
-    first, second = (client.completions.create(**args).choices[0].text for _ in range(2))
-    assert first == second
+    """Equal seeds give equal text and other seeds other text: sampling, not greedy, ran."""
+    def sampled(seed: int, temperature: float = 1.0) -> str:
+        return client.completions.create(model=MODEL, prompt="seeded", max_tokens=10, seed=seed,
+                                         temperature=temperature).choices[0].text
+
+    first, second, other, greedy = sampled(7), sampled(7), sampled(8), sampled(7, temperature=0)
+    assert first == second and len({first, other, greedy}) == 3
 
 
 def test_stop_string_ends_the_text(client: openai.OpenAI) -> None:
@@ -80,11 +84,19 @@ def test_stop_string_ends_the_text(client: openai.OpenAI) -> None:
 
 
 def test_path_and_slo_headers(server: LiveServer) -> None:
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
-    headers = {"authorization": f"Bearer {KEY}", "x-slo-ttft-ms": "5000", "x-slo-tpot-ms": "500"}
-    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30, headers=headers)
-    assert reply.status_code == 200
-    assert reply.headers["x-tropical-path"] in ("prefill", "multiplex", "fallback")
+    """A loose TTFT SLO fits on the idle prefill worker; a 1 µs one (the profile prices this
+    prompt near 1 ms) is at risk there, and the reason names the SLO the header gave."""
+    def sent(ttft_ms: str) -> httpx.Response:
+        headers = {"authorization": f"Bearer {KEY}", "x-slo-ttft-ms": ttft_ms, "x-slo-tpot-ms": "500"}
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        return httpx.post(f"{server.url}/v1/completions", json=body, timeout=30, headers=headers)
+
+    loose, tight = sent("5000"), sent("0.001")
+    assert loose.status_code == tight.status_code == 200
+    assert loose.headers["x-tropical-path"] == "prefill"
+    assert loose.headers["x-tropical-reason"].startswith("fits TTFT SLO on prefill worker")
+    assert tight.headers["x-tropical-path"] in ("multiplex", "fallback")
+    assert "> SLO 0.000s" in tight.headers["x-tropical-reason"], tight.headers["x-tropical-reason"]
 
 
 def test_models_and_health(server: LiveServer, client: openai.OpenAI) -> None:

@@ -13,12 +13,15 @@ import torch
 
 from tropical.calibration.store import load_profile
 from tropical.core.latency.fitted import FittedModel
+from tropical.core.latency.shape import BatchShape
 from tropical.engine.config import ModelConfig
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.model import LlamaModel
 from tropical.engine.profiler import (
     FIT_ERROR_KEY,
     ProfileResult,
+    Sample,
+    fit_samples,
     nnls,
     profile_engine,
     write_profile,
@@ -36,6 +39,14 @@ def result() -> ProfileResult:
 
 
 def test_coefficients_non_negative(result: ProfileResult) -> None:
+    """Timings may fall with a feature (noise on a fast host): the fit clamps its coefficient to
+    zero, where least squares would go negative (here exactly -1e-7 s per token of context) and
+    FittedModel would refuse the profile."""
+    falling = [Sample("decode", BatchShape.decode(b, c), 0.01 + 1e-4 * b - 1e-7 * c)
+               for b in (1, 4, 16) for c in (100, 1000, 4000)]
+    prefills = [Sample("prefill", BatchShape.prefill(n), 0.005 + 1e-5 * n) for n in (16, 64, 256)]
+    clamped = fit_samples(falling + prefills, 1.0, 1e9, 0.0).model
+    assert clamped.decode_per_context == 0 and clamped.decode_intercept > 0 and clamped.decode_per_seq > 0
     assert all(v >= 0 for v in asdict(result.model).values())
     assert result.model.transfer_bandwidth > 0
     assert result.model.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4

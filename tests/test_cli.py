@@ -179,4 +179,8 @@ def test_export_writes_a_directory_that_serves_like_the_model(capsys, tmp_path, 
     out = tmp_path / "exported"
     assert main(["export", "--model", "tiny-random", "--out", str(out)]) == 0
     assert f"tropical serve --model {out}" in capsys.readouterr().out
-    assert main(["generate", "--model", str(out), "--prompt", "hello there", "--max-tokens", "5"]) == 0
+    replies = []
+    for model in ("tiny-random", str(out)):
+        assert main(["generate", "--model", model, "--prompt", "hello there", "--max-tokens", "12"]) == 0
+        replies.append(capsys.readouterr().out)
+    assert replies[0].strip() and replies[0] == replies[1], "the export must answer the same greedy tokens"

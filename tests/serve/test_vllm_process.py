@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -91,13 +90,17 @@ def test_the_cpu_patch_gives_nixl_agents_the_poll_delay_only_when_asked(tmp_path
 
 
 CHILD_AND_SLEEP = ("import subprocess, sys, time; "
-                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+                   "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                   "print(child.pid, flush=True); time.sleep(60)")
 
 
 def test_stopping_an_instance_ends_its_whole_process_group_even_when_its_leader_is_gone() -> None:
-    leader = subprocess.Popen([sys.executable, "-c", CHILD_AND_SLEEP], start_new_session=True)
+    leader = subprocess.Popen([sys.executable, "-c", CHILD_AND_SLEEP], start_new_session=True,
+                              stdout=subprocess.PIPE, text=True)
+    with leader.stdout:
+        grandchild = int(leader.stdout.readline())  # printed once the leader has started it
+    assert os.getpgid(grandchild) == leader.pid, "the grandchild must be in the group to be stopped"
     process = VllmProcess(launch(Role.PREFILL), leader)
-    time.sleep(0.5)
     os.kill(process.pid, signal.SIGKILL)
     process.stop(timeout=5)
     with pytest.raises(ProcessLookupError):

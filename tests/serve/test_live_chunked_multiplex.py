@@ -4,9 +4,11 @@ worker while other requests decode there, and every answer equals the engine's l
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live_server import live_server
 from tropical.engine.generate import generate
@@ -31,11 +33,25 @@ async def _scenario(url: str) -> tuple[list[httpx.Response], httpx.Response]:
     async with httpx.AsyncClient(timeout=120) as client:
         post = lambda body: client.post(f"{url}/v1/completions", json=body)  # noqa: E731
         decoders = [asyncio.create_task(post(_body(p, 160, **RELAXED))) for p in DECODERS]
-        await asyncio.sleep(1.0)
+        await _until(client, url, "tropical_migrations_total", len(DECODERS))
         blockers = [asyncio.create_task(post(_body(p, 4, **RELAXED))) for p in BLOCKERS]
-        await asyncio.sleep(0.1)
+        await _until(client, url, "tropical_path_decisions_total", len(DECODERS) + len(BLOCKERS))
         long = await post(_body(LONG, 12, slo_ttft_ms=500, slo_tpot_ms=60_000))
         return list(await asyncio.gather(*decoders, *blockers)), long
+
+
+async def _until(client: httpx.AsyncClient, url: str, counter: str, least: float) -> None:
+    """Poll the server's ``counter`` (summed over its labels) until it reaches ``least``: the
+    scenario's steps wait on what the server has done, not on the time it may take."""
+    deadline = time.monotonic() + 60
+    while _count((await client.get(f"{url}/metrics")).text, counter) < least:
+        assert time.monotonic() < deadline, f"{counter} stayed under {least}"
+        await asyncio.sleep(0.05)
+
+
+def _count(metrics: str, counter: str) -> float:
+    samples = (s for family in text_string_to_metric_families(metrics) for s in family.samples)
+    return sum(s.value for s in samples if s.name == counter)
 
 
 def test_a_long_prompt_is_chunked_on_the_multiplexing_worker_with_the_lone_greedy_tokens(

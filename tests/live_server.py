@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,4 +36,14 @@ def eventually(check: Callable[[], bool], timeout: float = 30) -> bool:
         if check():
             return True
         time.sleep(0.2)
+    return False
+
+
+async def until(check: Callable[[], bool], timeout: float = 30) -> bool:
+    """``eventually`` inside an event loop: it polls without blocking the tasks it waits on."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        await asyncio.sleep(0.01)
     return False

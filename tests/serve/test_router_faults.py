@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from tests.factories import linear_model
+from tests.live_server import until
 from tropical.core.sampling import SamplingParams
 from tropical.sched.registry import make_policy
 from tropical.sched.worker import worker_state
@@ -139,14 +140,16 @@ def test_a_driver_bug_fails_the_workers_requests_and_the_driver_survives() -> No
 
 def test_an_abort_on_the_decoding_worker_wakes_a_migration_waiting_for_room() -> None:
     async def body() -> None:
-        # The decode worker holds 4 blocks of 16 tokens: one request of 8 + 40 tokens fills 3.
-        router, _ = make_router("disagg", (64, 4), delay=0.005)
+        # The decode worker holds 4 blocks of 16 tokens: the first request (8 + 40 tokens) fills 3,
+        # the second (8 + 10) needs 2. At 0.15 s a step the first would decode for 6 s, past the
+        # second's 5 s to finish: only the abort frees room in time.
+        router, _ = make_router("disagg", (64, 4), delay=0.15)
         first = submit(router, max_tokens=40)
         await asyncio.wait_for(first.events.get(), 5)
-        second = submit(router, max_tokens=40)
+        second = submit(router, max_tokens=10)
         await asyncio.wait_for(second.events.get(), 5)
-        await asyncio.sleep(0.05)
-        assert router.cluster.stalled, "the second request waits for room on the decoding worker"
+        assert await until(lambda: bool(router.cluster.stalled), timeout=5), \
+            "the second request waits for room on the decoding worker"
         router.abort(first.req.id)
         assert (await final(second)).finish_reason == "length"
         await router.stop()

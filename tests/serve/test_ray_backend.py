@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live_server import LiveServer, eventually, live_server
+from tests.live_server import LiveServer, eventually, live_server, until
 from tests.serve.greedy import PROMPTS, complete_all
 
 BODY = {"model": "tiny-random", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -61,14 +61,15 @@ def test_ray_actors_serve_the_local_backends_tokens_migrating_kv_through_the_obj
     assert {s.labels["node"] for s in _samples(server, "tropical_worker_up")} == nodes
 
 
-async def _send_spaced(url: str, bodies: list[dict], gap: float) -> list[httpx.Response]:
-    """Send ``bodies`` in order, ``gap`` seconds apart (so the policy places each in turn)."""
-    async with httpx.AsyncClient(timeout=90) as client:
-        sent = []
-        for body in bodies:
-            sent.append(asyncio.create_task(client.post(f"{url}/v1/completions", json=body)))
-            await asyncio.sleep(gap)
-        return await asyncio.gather(*sent)
+async def _send_in_turn(client: httpx.AsyncClient, server: LiveServer,
+                        bodies: list[dict]) -> list[asyncio.Task[httpx.Response]]:
+    """Send ``bodies`` in order, each once the policy has placed the one before; return when
+    all are placed, with their replies still to come."""
+    before, sent = _counter(server, "tropical_path_decisions"), []
+    for placed, body in enumerate(bodies, start=1):
+        sent.append(asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body)))
+        assert await until(lambda least=before + placed: _counter(server, "tropical_path_decisions") >= least)
+    return sent
 
 
 def test_a_killed_actors_waiting_requests_rerun_on_the_other_worker_unless_told_not_to(
@@ -82,11 +83,11 @@ def test_a_killed_actors_waiting_requests_rerun_on_the_other_worker_unless_told_
     bodies = [{**BODY, "prompt": PROMPTS[0], "retry": False}] + [{**BODY, "prompt": PROMPTS[0]}] * 3
 
     async def scenario() -> list[httpx.Response]:
-        replies = asyncio.create_task(_send_spaced(server.url, bodies, gap=0.3))
-        await asyncio.sleep(1.5)
-        os.kill(pids[0], signal.SIGKILL)
-        os.kill(pids[1], signal.SIGCONT)
-        return await replies
+        async with httpx.AsyncClient(timeout=90) as client:
+            replies = await _send_in_turn(client, server, bodies)
+            os.kill(pids[0], signal.SIGKILL)
+            os.kill(pids[1], signal.SIGCONT)
+            return list(await asyncio.gather(*replies))
 
     replies = asyncio.run(scenario())
     assert replies[0].status_code == 503 and "asked not to be retried" in replies[0].text

@@ -4,7 +4,6 @@ a clear 4xx (or its answer) in bounded time, and the server keeps serving."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -93,7 +92,5 @@ def test_a_non_streaming_client_that_leaves_aborts_its_request(server: LiveServe
     before = _outcomes(server)
     with pytest.raises(httpx.TimeoutException):
         _post(server, {"model": MODEL, "prompt": "go", "max_tokens": 1000, "ignore_eos": True}, timeout=0.5)
-    left = time.monotonic()
     assert eventually(lambda: _outcomes(server).get("aborted", 0) == before.get("aborted", 0) + 1, 20)
     assert _outcomes(server).get("finished", 0) == before.get("finished", 0), "it must not run to the end"
-    assert time.monotonic() - left < 20

@@ -12,8 +12,9 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     code = main(["reproduce", "--limit", "200", "--sensitivity-limit", "80", "--out", str(out), "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    baselines = {"colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg", "disagg-1p",
-                 "disagg-3p"}  # the paper cluster's 4 workers: disagg at 1, 2 and 3 prefill workers
+    paper = {"colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg", "disagg-1p",
+             "disagg-3p"}  # the paper cluster's 4 workers: disagg at 1, 2 and 3 prefill workers
+    baselines = paper | {"kv-router", "kv-router-1024", "kv-router-2048", "kv-router-disagg"}
     policies = baselines | {"tropical", "tropical+"}
     for key in ("capacity_rps", "ratio_vs_best_baseline", "stream_capacity_rps",
                 "stream_ratio_vs_best_baseline"):
@@ -27,8 +28,15 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     assert all(result["stream_capacity_rps"][p] <= result["capacity_rps"][p] for p in policies)
     assert result["bound_rps"] > 0     # a finite slice may be served past it (the report shows deferral)
     assert 0 < result["pooled_bound_rps"] <= result["bound_rps"]    # the trace's bursts kept
-    for name in ("report.md", "attainment_vs_rate.png", "latency_cdfs.png", "queueing.png",
-                 "reproduction.json"):
+    assert set(result["prefix_hit_rate"]) == policies                # the cache is on by default
+    ideal = result["ideal_prefix_hit_rate"]["infinite"]
+    assert all(0 <= h <= ideal for h in result["prefix_hit_rate"].values())
+    assert result["kv_bound_rps"] <= result["bound_rps"]
+    plain = result["paper_setting"]
+    assert set(plain["capacity_rps"]["no prefix cache"]) == paper | {"tropical", "tropical+"}
+    assert plain["bound_rps"]["no prefix cache"] < result["bound_rps"]    # reuse lowers the work
+    for name in ("report.md", "attainment_vs_rate.png", "capacities.png", "latency_cdfs.png",
+                 "queueing.png", "reproduction.json"):
         assert (out / name).stat().st_size > 0
     written = json.loads((out / "reproduction.json").read_text())
     for at in ("at_own_capacity", "at_common_rate"):     # deferral at each capacity and at equal load
@@ -48,7 +56,8 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
                     "Headroom in the sensitivity rows", "work queued at last arrival",
                     "had no request waited", "Analysis",
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
-                    "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall"):
+                    "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall", "Prefix caching",
+                    "The paper's setting: no prefix cache", "cache-blind Path 1 dispatch"):
         assert heading in report
     assert (out / "attainment_vs_rate.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -63,6 +63,9 @@ POLICY_HELP = {
                     "baselines' dispatch) instead of the earliest predicted finish (tropical)",
     "correct_predictions": "true: each worker's latency predictions are corrected online by the "
                            "ratio of observed to predicted iteration times (tropical)",
+    "kv_overlap_weight": "weight of the prompt blocks a worker would prefill against its active "
+                         "blocks in the KV router's cost (kv-router*; default 64, tuned; "
+                         "Dynamo's default is 1)",
     "roles_both_ways": "true: an idle prefill worker lends itself to decoding and multiplexing "
                        "while another prefill worker idles too, and drains back when Path 1 prompts "
                        "are at risk (tropical)",

@@ -16,6 +16,7 @@ from typing import Any
 
 import tomllib
 
+from tropical.sched.kv_router import OVERLAP_WEIGHT
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams
@@ -47,6 +48,7 @@ class PolicyConfig:
     least_loaded: bool = False
     correct_predictions: bool = False
     roles_both_ways: bool = False
+    kv_overlap_weight: float = OVERLAP_WEIGHT
 
     def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
         """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
@@ -56,7 +58,8 @@ class PolicyConfig:
                               chunked=self.chunked_multiplex, laxity=self.laxity,
                               least_loaded=self.least_loaded, correct=self.correct_predictions,
                               flex=self.roles_both_ways)
-        return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle)
+        return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
+                            self.kv_overlap_weight)
 
 
 def slack_rule(name: str) -> SlackRule:

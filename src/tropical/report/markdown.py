@@ -11,11 +11,15 @@ from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, AtRate, Reproduction, 
 
 DISPATCH = {
     "colocated": "fewest unfinished tokens",
+    "kv": "Dynamo's KV-router cost: uncached prompt blocks + queued prompt blocks + active KV blocks",
+    "kv-router-disagg": "decode: fewest unfinished tokens, which prefills locally when at most 1,000 "
+                        "tokens are uncached there; else prefill: Dynamo's KV-router cost",
     "disagg": "prefill: fewest unfinished tokens; decode: fewest unfinished tokens with room",
     "tropical": "Path 1: earliest predicted prefill finish; Path 2 when TTFT is at risk; decode: "
                 "fewest unfinished tokens among workers whose TPOT budget holds",
-    "tropical+": "Path 1: fewest unfinished tokens; Path 2 when TTFT is at risk; decode: fewest "
-                 "unfinished tokens among workers whose TPOT budget holds",
+    "tropical+": "Path 1: fewest unfinished tokens counting the prompt tokens not cached there; Path 2 "
+                 "when TTFT is at risk; decode: fewest unfinished tokens among workers whose TPOT "
+                 "budget holds",
 }
 CAUSES = ("TTFT queueing", "TTFT execution", "TPOT", "stall", "failed")
 
@@ -26,7 +30,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def dispatch_of(policy: str) -> str:
-    return DISPATCH.get(policy.split("-")[0], DISPATCH["colocated"])
+    return DISPATCH.get(policy, DISPATCH.get(policy.split("-")[0], DISPATCH["colocated"]))
 
 
 def capacity_section(rep: Reproduction) -> str:
@@ -52,6 +56,41 @@ def capacity_section(rep: Reproduction) -> str:
             "one server that many times as fast, prompts earliest deadline first, one that can no "
             "longer make it yielding, decodes as a steady tax at the work bound's cost (an ideal "
             "to measure against, not a proof).\n")
+
+
+def prefix_section(rep: Reproduction) -> str:
+    """Prefix reuse per policy at its own capacity, against what ideal caches would reuse."""
+    if not rep.base.prefix_cache:
+        return ""
+    rows = [[p, f"{at.result.summary.prefix_hit_rate:.1%}",
+             " / ".join(f"{s.prefix_hit_rate:.0%}" for s in at.result.worker_stats),
+             f"{at.result.kv_migrated_bytes_per_request / 2**20:.0f}"]
+            for p, at in rep.at_own.items()]
+    ideal = rep.ideal_hit_rate
+    return ("## Prefix caching (each policy at its own capacity)\n\n"
+            + _table(["policy", "prefix hit rate", "per worker", "KV migrated per request (MiB)"], rows)
+            + f"\n\nHit rate: prompt tokens found in the prefilling worker's cache over all prompt "
+            f"tokens prefilled. One ideal cluster-wide cache that keeps everything would reuse "
+            f"{ideal.get('infinite', 0):.1%} of the trace's prompt tokens (the work bound above "
+            f"assumes it); one the size of the cluster's KV, evicting what is needed furthest in the "
+            f"future, {ideal.get('kv', 0):.1%} (its work bound: {rep.kv_bound_rps or 0:.3f} req/s).\n")
+
+
+def paper_setting_section(rep: Reproduction) -> str:
+    """The paper's policies with every prompt computed whole, as the paper ran them."""
+    if rep.paper is None:
+        return ""
+    study = rep.paper
+    (variant, caps), = study.capacity.items()
+    ratios, streams = study.ratios()[variant], study.ratios(stream=True)[variant]
+    bound, pooled = study.bound[variant], study.pooled[variant]
+    rows = [[p, f"{c:.3f}", f"{c / bound:.0%} / {ratio(c, pooled):.0%}", f"{ratios[p]:.2f}x",
+             f"{study.stream[variant][p]:.3f}", f"{streams[p]:.2f}x"] for p, c in caps.items()]
+    return ("## The paper's setting: no prefix cache\n\n"
+            + _table(["policy", "capacity (req/s)", "of work / pooled bound", "vs best baseline",
+                      "stream capacity (req/s)", "vs best baseline"], rows)
+            + f"\n\nEvery prompt computed whole, as in the paper: work bound {bound:.3f} req/s, pooled "
+            f"bound {pooled:.3f} req/s.\n\n![capacities](capacities.png)\n")
 
 
 def _shares(rep: Reproduction, rate: float) -> str:
@@ -273,9 +312,14 @@ def write_report(rep: Reproduction, out: Path) -> Path:
             f"{exp.slo.tbt_scale:g}x the TPOT SLO (stream attainment also requires every gap between "
             "two tokens within it; a stall is a gap over 1 s). `tropical` is the paper's toggle; "
             "`tropical+` adds chunked multiplexing and laxity order, and takes the baselines' dispatch "
-            "for Path 1. Regenerate with `tropical reproduce`.\n")
-    parts = [head, capacity_section(rep), deferral_section(rep), common_rate_section(rep),
-             analysis_section(rep)]
+            "for Path 1. "
+            + ("Every worker keeps a prefix cache (vLLM's automatic prefix caching: the trace's "
+               "hash_ids, least recently freed evicted first); the work and pooled bounds assume one "
+               "ideal cluster-wide cache in which every reusable prefix hits. "
+               if exp.prefix_cache else "Every prompt is computed whole (`--prefix-cache off`). ")
+            + "Regenerate with `tropical reproduce`.\n")
+    parts = [head, capacity_section(rep), prefix_section(rep), paper_setting_section(rep),
+             deferral_section(rep), common_rate_section(rep), analysis_section(rep)]
     if rep.studies:
         parts.append("## Ablation and sensitivity (capacity in req/s on trace slices, and ratio to "
                      "the best baseline in the same setting)\n")

@@ -15,7 +15,9 @@ STYLE = {"colocated": ("tab:gray", "--"), "chunked": ("tab:brown", "--"),
          "chunked-512": ("tab:olive", "--"), "chunked-1024": ("tab:green", "--"),
          "chunked-2048": ("tab:brown", "--"), "disagg": ("tab:blue", "--"),
          "disagg-1p": ("tab:cyan", "--"), "disagg-3p": ("tab:purple", "--"),
-         "tropical": ("tab:orange", "-"), "tropical+": ("tab:red", "-")}
+         "tropical": ("tab:orange", "-"), "tropical+": ("tab:red", "-"),
+         "kv-router": ("tab:pink", ":"), "kv-router-1024": ("magenta", ":"),
+         "kv-router-2048": ("darkviolet", ":"), "kv-router-disagg": ("navy", ":")}
 
 
 def _style(policy: str) -> dict:
@@ -66,9 +68,37 @@ def queueing_cdf(rep: Reproduction, path: Path) -> Path:
     return save(fig, path)
 
 
+def capacities(rep: Reproduction, path: Path) -> Path:
+    """Each policy's capacity under both attainments, with the prefix cache and without it (the
+    paper's setting), beside each setting's work bound."""
+    settings = [("prefix cache on" if rep.base.prefix_cache else "no prefix cache",
+                 {p: (c.capacity_rps, c.stream_capacity_rps) for p, c in rep.capacity.items()},
+                 rep.bound.rate_rps)]
+    if rep.paper is not None:
+        (variant, caps), = rep.paper.capacity.items()
+        settings.append(("no prefix cache (the paper's setting)",
+                         {p: (c, rep.paper.stream[variant][p]) for p, c in caps.items()},
+                         rep.paper.bound[variant]))
+    fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4.5), sharey=True, squeeze=False)
+    for ax, (title, caps, bound) in zip(axes[0], settings, strict=True):
+        names = list(caps)
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], [caps[p][0] for p in names], 0.4, label="paper's metric",
+               color=[_style(p)["color"] for p in names])
+        ax.bar([i + 0.2 for i in x], [caps[p][1] for p in names], 0.4, label="stream attainment",
+               color=[_style(p)["color"] for p in names], alpha=0.5)
+        ax.axhline(bound, color="black", linewidth=0.8, linestyle="-.", label="work bound")
+        ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
+        ax.set(title=title, ylabel="goodput capacity (req/s)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{rep.base.trace.name}, {rep.base.cluster.name} cluster")
+    return save(fig, path)
+
+
 def write_all(rep: Reproduction, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     return [attainment_vs_rate(rep, out / "attainment_vs_rate.png"),
+            capacities(rep, out / "capacities.png"),
             latency_cdfs(rep, out / "latency_cdfs.png"),
             queueing_cdf(rep, out / "queueing.png")]
 

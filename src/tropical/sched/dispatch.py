@@ -14,6 +14,14 @@ def fewest_unfinished(workers: Iterable[WorkerState]) -> WorkerState | None:
     return min(live, key=lambda w: (w.unfinished_tokens, w.id)) if live else None
 
 
+def least_work(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
+    """The live worker with the least outstanding work once it took ``req``: its unfinished
+    tokens plus the prompt tokens of ``req`` its prefix cache lacks (lowest id breaks ties;
+    without a cache, the same choice as ``fewest_unfinished``)."""
+    live = [w for w in workers if w.alive]
+    return min(live, key=lambda w: (w.unfinished_tokens + w.prompt_split(req)[0], w.id)) if live else None
+
+
 def decode_destination(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
     """Where a prefilled request should decode: fewest unfinished tokens among those with room."""
     return fewest_unfinished(

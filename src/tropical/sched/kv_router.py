@@ -21,31 +21,36 @@ from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
 
-OVERLAP_WEIGHT = 1.0
-"""Dynamo's default weight of prefill blocks against active blocks."""
+OVERLAP_WEIGHT = 64.0
+"""The weight of prefill blocks against active blocks, as users tune it (Dynamo's default is 1;
+the strongest of 1, 4, 16 and 64 on the conversation trace is 64: see the README)."""
 LOCAL_PREFILL_LIMIT = 1000
 """Tokens a decode worker may prefill itself under conditional disaggregation (Dynamo's
 ``max_local_prefill_length`` default)."""
 
 
-def kv_cost(req: Request, worker: WorkerState, weight: float = OVERLAP_WEIGHT) -> float:
-    """Dynamo's routing cost of ``req`` on ``worker``, in KV blocks."""
+def kv_cost(req: Request, worker: WorkerState, weight: float) -> float:
+    """Dynamo's routing cost of ``req`` on ``worker``, in KV blocks: the prompt tokens it would
+    prefill there (its own not cached there, and those of the prompts routed there before it)
+    and the blocks of the sequences active there (decoding contexts and queued prompts)."""
     new, _ = worker.prompt_split(req)
     prefill = worker.kv.blocks_for(new + worker.waiting_prompt)
-    return weight * prefill + worker.kv.used_blocks
+    return weight * prefill + worker.kv.blocks_for(worker.decode_context + worker.waiting_prompt)
 
 
-def lowest_cost(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
+def lowest_cost(req: Request, workers: Iterable[WorkerState], weight: float) -> WorkerState | None:
     """The live worker of lowest ``kv_cost`` (lowest id breaks ties)."""
     live = [w for w in workers if w.alive]
-    return min(live, key=lambda w: (kv_cost(req, w), w.id)) if live else None
+    return min(live, key=lambda w: (kv_cost(req, w, weight), w.id)) if live else None
 
 
 class KVRouterPolicy(Policy):
     """Colocated chunked-prefill workers behind Dynamo's KV router."""
 
-    def __init__(self, chunk_budget: int = 512, max_seqs: int = 256, name: str = "kv-router") -> None:
+    def __init__(self, chunk_budget: int = 512, max_seqs: int = 256, weight: float = OVERLAP_WEIGHT,
+                 name: str = "kv-router") -> None:
         self.name = name
+        self.weight = weight
         self._rules = BatchRules(prefill_first=False, chunked=True, token_budget=chunk_budget,
                                  max_seqs=max_seqs)
 
@@ -57,7 +62,7 @@ class KVRouterPolicy(Policy):
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
-        target = lowest_cost(req, (w for w in workers if w.role.takes_arrivals))
+        target = lowest_cost(req, (w for w in workers if w.role.takes_arrivals), self.weight)
         if target is None:
             raise RuntimeError("no live worker takes new requests")
         return [Assignment(req, target.id, PrefillPath.COLOCATED, "lowest KV-router cost")]
@@ -68,9 +73,10 @@ class KVRouterDisaggPolicy(Policy):
     prompts prefilled where they decode."""
 
     def __init__(self, max_batched_tokens: int, chunk_budget: int = 512, num_prefill: int | None = None,
-                 max_seqs: int = 256, local_limit: int = LOCAL_PREFILL_LIMIT,
+                 max_seqs: int = 256, weight: float = OVERLAP_WEIGHT, local_limit: int = LOCAL_PREFILL_LIMIT,
                  name: str = "kv-router-disagg") -> None:
         self.name = name
+        self.weight = weight
         self.num_prefill = num_prefill
         self.local_limit = local_limit
         self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens, max_seqs=max_seqs)
@@ -90,7 +96,7 @@ class KVRouterDisaggPolicy(Policy):
             return [Assignment(req, decode.id, PrefillPath.COLOCATED,
                                f"conditional disaggregation: at most {self.local_limit} tokens uncached "
                                "on the decode worker")]
-        prefill = lowest_cost(req, (w for w in workers if w.role is Role.PREFILL))
+        prefill = lowest_cost(req, (w for w in workers if w.role is Role.PREFILL), self.weight)
         if prefill is not None:
             return [Assignment(req, prefill.id, PrefillPath.PREFILL_WORKER, "lowest KV-router cost")]
         if decode is None:

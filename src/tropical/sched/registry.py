@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
-from tropical.sched.kv_router import KVRouterDisaggPolicy, KVRouterPolicy
+from tropical.sched.kv_router import OVERLAP_WEIGHT, KVRouterDisaggPolicy, KVRouterPolicy
 from tropical.sched.policy import Policy
 from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams, TropicalPolicy
@@ -22,6 +22,7 @@ class PolicyParams:
     chunk_budget: int = 2048
     max_seqs: int = 256
     toggle: ToggleParams = field(default_factory=ToggleParams)
+    kv_overlap_weight: float = OVERLAP_WEIGHT
 
 
 CHUNK_SIZES = (512, 1024, 2048)
@@ -31,13 +32,16 @@ DISAGG_SPLIT = re.compile(r"disagg-([1-9][0-9]*)p")
 xPyD, so that a study can give the baseline the split that suits its setting."""
 
 
+KV_ROUTER_CHUNK = 512
+
+
+def _kv_router_name(size: int) -> str:
+    return "kv-router" if size == KV_ROUTER_CHUNK else f"kv-router-{size}"
+
+
 def _kv_router_at(size: int) -> Callable[[PolicyParams], Policy]:
     """Dynamo's KV router over chunked workers at chunk budget ``size`` (``kv-router``: 512)."""
-    name = "kv-router" if size == KV_ROUTER_CHUNK else f"kv-router-{size}"
-    return lambda p: KVRouterPolicy(size, p.max_seqs, name)
-
-
-KV_ROUTER_CHUNK = 512
+    return lambda p: KVRouterPolicy(size, p.max_seqs, p.kv_overlap_weight, _kv_router_name(size))
 
 
 def _chunked_at(size: int) -> Callable[[PolicyParams], Policy]:
@@ -52,9 +56,10 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
                                          chunk_budget=p.chunk_budget, max_seqs=p.max_seqs),
     **{f"chunked-{size}": _chunked_at(size) for size in CHUNK_SIZES},
     "disagg": lambda p: DisaggPolicy(p.max_batched_tokens, p.toggle.num_prefill, p.max_seqs),
-    **{_kv_router_at(size)(PolicyParams()).name: _kv_router_at(size) for size in CHUNK_SIZES},
+    **{_kv_router_name(size): _kv_router_at(size) for size in CHUNK_SIZES},
     "kv-router-disagg": lambda p: KVRouterDisaggPolicy(p.max_batched_tokens, KV_ROUTER_CHUNK,
-                                                       p.toggle.num_prefill, p.max_seqs),
+                                                       p.toggle.num_prefill, p.max_seqs,
+                                                       p.kv_overlap_weight),
     "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle, p.max_seqs),
     "tropical+": lambda p: TropicalPolicy(
         p.max_batched_tokens, replace(p.toggle, slack=SlackRule.ITERATION, chunked=True, laxity=True,

@@ -15,12 +15,11 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.chunk import Chunk, Lineup
-from tropical.sched.dispatch import decode_destination, fewest_unfinished
+from tropical.sched.dispatch import decode_destination, fewest_unfinished, least_work
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
@@ -42,7 +41,10 @@ class ToggleParams:
     prompt go ahead of one with slack to spare), and whether Path 1 takes the baselines'
     dispatch (fewest unfinished tokens) instead of the earliest predicted finish, and whether
     each worker's predictions are corrected online from the iterations it runs, and whether
-    idle prefill workers lend themselves to the multiplexing side (``flex``, see roles.py)."""
+    idle prefill workers lend themselves to the multiplexing side (``flex``, see roles.py), and
+    whether the baselines' dispatch also counts the prompt tokens a worker would compute, its
+    own prefix cache's hit left out (``cache_aware``; Path 1's predicted finish and Path 2's
+    always price a prompt less the hit on each worker)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -54,6 +56,7 @@ class ToggleParams:
     least_loaded: bool = False
     correct: bool = False
     flex: bool = False
+    cache_aware: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -232,12 +235,11 @@ class TropicalPolicy(Policy):
                now: float) -> tuple[WorkerState | None, float]:
         """The prefill worker with the earliest predicted finish for ``req`` (or, given the
         baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
-        options = [(free_at(w, now) + prefill_time(w.latency, req.prompt_len), w.id, w)
-                   for w in prefill]
+        options = [(free_at(w, now) + w.prefill_estimate(req), w.id, w) for w in prefill]
         if not options:
             return None, float("inf")
         if self.toggle.least_loaded:
-            chosen = fewest_unfinished(prefill)
+            chosen = (least_work(req, prefill) if self.toggle.cache_aware else fewest_unfinished(prefill))
             return chosen, next(finish for finish, _, w in options if w is chosen)
         finish, _, worker = min(options)
         return worker, finish

@@ -182,9 +182,8 @@ class WorkerState:
         return req.prompt_len - hit, hit
 
     def prefill_estimate(self, req: Request) -> float:
-        """Predicted time of ``req``'s prompt here, its cached prefix not recomputed."""
-        if self._here(req):
-            return self.prefill_cost(req)
+        """Predicted time of ``req``'s prompt here, its cached prefix not recomputed (priced
+        afresh: asked of requests not queued here, which ``prefill_cost`` keeps prices for)."""
         new, cached = self.prompt_split(req)
         return prefill_time(self.latency, new, cached)
 

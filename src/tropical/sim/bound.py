@@ -53,12 +53,13 @@ class WorkBound:
         return rate_rps / self.rate_rps if self.rate_rps > 0 else float("nan")
 
 
-def request_work(latency: LatencyModel, prompt: int, output: int, batch: int) -> Work:
-    """One request's work on a worker decoding ``batch`` requests at a time."""
+def request_work(latency: LatencyModel, prompt: int, output: int, batch: int, cached: int = 0) -> Work:
+    """One request's work on a worker decoding ``batch`` requests at a time, ``cached`` of its
+    prompt tokens found in a prefix cache (computed before; attended, not recomputed)."""
     intercept, slope = latency.decode_line(batch)
     tokens = output - 1
     decode = tokens * (intercept / batch + slope * (prompt + output / 2)) if tokens > 0 else 0.0
-    return Work(prefill_time(latency, prompt), decode)
+    return Work(prefill_time(latency, prompt - cached, cached), decode)
 
 
 def full_batch(trace: Trace, kv_tokens: int, max_seqs: int) -> int:
@@ -78,20 +79,23 @@ def tpot_batch(latency: LatencyModel, tpot: float, context: float, most: int) ->
 
 
 def work_bound(trace: Trace, cluster: ClusterSpec, max_seqs: int,
-               slos: Sequence[SLO] | None = None) -> WorkBound:
+               slos: Sequence[SLO] | None = None, hits: Sequence[int] | None = None) -> WorkBound:
     """Requests per second the cluster would serve if every worker were always busy; with
-    ``slos`` (one per trace entry), decode batches keep each request's TPOT SLO too."""
-    return bound_from(cluster_works(trace, cluster, max_seqs, slos))
+    ``slos`` (one per trace entry), decode batches keep each request's TPOT SLO too; with
+    ``hits`` (one per entry, see ``ideal_cache``), that many prompt tokens are cached."""
+    return bound_from(cluster_works(trace, cluster, max_seqs, slos, hits))
 
 
 def cluster_works(trace: Trace, cluster: ClusterSpec, max_seqs: int,
-                  slos: Sequence[SLO] | None = None) -> list[tuple[list[Work], list[int]]]:
+                  slos: Sequence[SLO] | None = None,
+                  hits: Sequence[int] | None = None) -> list[tuple[list[Work], list[int]]]:
     """``worker_works`` of every worker of the cluster, the first being the reference."""
     if not len(trace):
         raise ValueError("the work bound needs a trace with requests")
     if slos is not None and len(slos) != len(trace):
         raise ValueError(f"the work bound needs one SLO per request: {len(slos)} for {len(trace)}")
-    return [worker_works(trace, spec, max_seqs, slos) for spec in cluster.workers]
+    cached = [0] * len(trace) if hits is None else hits
+    return [worker_works(trace, spec, max_seqs, slos, cached) for spec in cluster.workers]
 
 
 def bound_from(parts: Sequence[tuple[list[Work], list[int]]]) -> WorkBound:
@@ -104,16 +108,17 @@ def bound_from(parts: Sequence[tuple[list[Work], list[int]]]) -> WorkBound:
                      len(parts))
 
 
-def worker_works(trace: Trace, spec: WorkerSpec, max_seqs: int,
-                 slos: Sequence[SLO] | None) -> tuple[list[Work], list[int]]:
-    """Each request's work on one worker, and the decode batch it was priced at (the largest
-    the KV holds, and with ``slos`` also one that keeps the request's TPOT SLO)."""
+def worker_works(trace: Trace, spec: WorkerSpec, max_seqs: int, slos: Sequence[SLO] | None,
+                 hits: Sequence[int]) -> tuple[list[Work], list[int]]:
+    """Each request's work on one worker (``hits`` of its prompt tokens cached), and the decode
+    batch it was priced at (the largest the KV holds, and with ``slos`` also one that keeps the
+    request's TPOT SLO)."""
     context = sum(e.input_len + e.output_len / 2 for e in trace.entries) / len(trace)
     most = full_batch(trace, spec.kv_capacity_tokens, max_seqs)
     batches = ([most] * len(trace) if slos is None else
                [tpot_batch(spec.latency, slo.tpot, context, most) for slo in slos])
-    return ([request_work(spec.latency, e.input_len, e.output_len, b)
-             for e, b in zip(trace.entries, batches, strict=True)], batches)
+    return ([request_work(spec.latency, e.input_len, e.output_len, b, hit)
+             for e, b, hit in zip(trace.entries, batches, hits, strict=True)], batches)
 
 
 def queued_work(requests: Sequence[Request], latency: LatencyModel, batch: int,
@@ -121,11 +126,12 @@ def queued_work(requests: Sequence[Request], latency: LatencyModel, batch: int,
     """Work still to do at time ``at`` and all the work, in seconds of one worker.
 
     A phase under way counts the part of it not yet elapsed (linear in time); a failed request
-    counts whole, as it was never served.
+    counts whole, as it was never served. A prompt is priced without the tokens its worker
+    found in its prefix cache.
     """
     left = total = 0.0
     for req in requests:
-        work = request_work(latency, req.prompt_len, req.output_len, batch)
+        work = request_work(latency, req.prompt_len, req.output_len, batch, req.cached)
         total += work.total
         if req.error is not None:
             left += work.total
@@ -142,7 +148,7 @@ def unwaited_work(requests: Sequence[Request], latency: LatencyModel, batch: int
     ``queued_work``, so the two compare)."""
     left = 0.0
     for req in requests:
-        work = request_work(latency, req.prompt_len, req.output_len, batch)
+        work = request_work(latency, req.prompt_len, req.output_len, batch, req.cached)
         first = req.arrival + work.prefill
         iteration = decode_time(latency, batch, int(batch * (req.prompt_len + req.output_len / 2)))
         left += work.prefill * _undone(req.arrival, first, at)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from tropical.core.capacity import find_capacity
 from tropical.core.slo import SLO
 from tropical.sim.bound import Work, WorkBound, bound_from, cluster_works
+from tropical.sim.ideal_cache import ideal_hits
 from tropical.sim.run import Experiment, request_slos
 
 
@@ -56,6 +57,15 @@ def deadline_attainment(jobs: Sequence[tuple[float, float, float]], speed: float
     return met / len(order)
 
 
+def cache_hits(exp: Experiment, kv_limited: bool = False) -> list[int] | None:
+    """Each request's prompt tokens an ideal cluster-wide cache holds (None: the cache is off)."""
+    if not exp.prefix_cache:
+        return None
+    cluster = exp.cluster
+    size = sum(w.kv_capacity_tokens for w in cluster.workers) if kv_limited else None
+    return ideal_hits(exp.trace.entries, cluster.block_size, size)
+
+
 @dataclass(frozen=True, slots=True)
 class PooledCluster:
     """An experiment's prompts priced once on its reference worker (``works``, with their SLOs),
@@ -70,9 +80,12 @@ class PooledCluster:
     decode: float
 
     @classmethod
-    def of(cls, exp: Experiment) -> PooledCluster:
+    def of(cls, exp: Experiment, kv_limited: bool = False) -> PooledCluster:
+        """With the experiment's prefix cache on, every prompt is priced less its hit on one
+        ideal cluster-wide cache: unbounded, or with ``kv_limited`` the size of the cluster's
+        KV (see ``ideal_cache``)."""
         slos = request_slos(exp)
-        parts = cluster_works(exp.trace, exp.cluster, exp.params.max_seqs, slos)
+        parts = cluster_works(exp.trace, exp.cluster, exp.params.max_seqs, slos, cache_hits(exp, kv_limited))
         reference = parts[0][0]
         total = sum(w.total for w in reference)
         return cls(exp, slos, reference, bound_from(parts),

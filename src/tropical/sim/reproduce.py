@@ -23,13 +23,16 @@ from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work
-from tropical.sim.pooled_bound import PooledCluster
+from tropical.sim.pooled_bound import PooledCluster, cache_hits
 from tropical.sim.run import Experiment, SimResult
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
 from tropical.workload.transform import scale_lengths
 
-BASELINES = ("colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg")
+PAPER_BASELINES = ("colocated", "chunked-512", "chunked-1024", "chunked-2048", "disagg")
+CACHE_ROUTERS = ("kv-router", "kv-router-1024", "kv-router-2048", "kv-router-disagg")
+"""Cache-aware router baselines: they differ from the paper's only where prompts share prefixes."""
+BASELINES = (*PAPER_BASELINES, *CACHE_ROUTERS)
 TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
 CURVE_FLOOR = 0.05
@@ -46,6 +49,8 @@ ABLATION: dict[str, dict[str, object]] = {
     "tropical+ with demotion": {"chunked": True, "laxity": True, "least_loaded": True,
                                 "demote_doomed": True},
     "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
+    "tropical+, cache-blind Path 1 dispatch": {"chunked": True, "laxity": True, "least_loaded": True,
+                                               "cache_aware": False},
 }
 """Toggle variants, each one mechanism more than the paper's (demotion disclosed separately)."""
 PREDICTOR_BIAS = -0.2
@@ -85,19 +90,24 @@ class Study:
         self.capacity.setdefault(variant, {})[policy] = found.capacity_rps
         self.stream.setdefault(variant, {})[policy] = found.stream_capacity_rps
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"capacity_rps": self.capacity, "stream_capacity_rps": self.stream,
+                "bound_rps": self.bound, "pooled_bound_rps": self.pooled}
 
-def baselines(workers: int) -> tuple[str, ...]:
+
+def baselines(workers: int, cache: bool = True) -> tuple[str, ...]:
     """Every baseline variant on ``workers`` workers: chunk sizes, and disagg at a quarter and at
     three quarters of them prefilling besides half (a tight TPOT SLO favours more prefill workers:
-    fewer decodes per iteration, so each keeps its TPOT)."""
+    fewer decodes per iteration, so each keeps its TPOT), and with a prefix cache the cache-aware
+    routers."""
     splits = sorted({max(1, round(workers / 4)), min(workers - 1, round(3 * workers / 4))}
                     - {max(1, workers // 2)})
-    return (*BASELINES, *(f"disagg-{k}p" for k in splits if 1 <= k < workers))
+    return (*(BASELINES if cache else PAPER_BASELINES), *(f"disagg-{k}p" for k in splits if 1 <= k < workers))
 
 
-def policies(workers: int) -> tuple[str, ...]:
+def policies(workers: int, cache: bool = True) -> tuple[str, ...]:
     """The policies a reproduction runs: every baseline variant, then the toggles."""
-    return (*baselines(workers), *TOGGLES)
+    return (*baselines(workers, cache), *TOGGLES)
 
 
 def is_baseline(policy: str) -> bool:
@@ -136,9 +146,12 @@ class AtRate:
         return self.unwaited_s / self.total_s if self.total_s else float("nan")
 
     def as_dict(self) -> dict:
-        return {**self.result.summary.as_dict(), "queued_work_s": self.queued_s,
+        run = self.result
+        return {**run.summary.as_dict(), "queued_work_s": self.queued_s,
                 "queued_missed_work_s": self.missed_s, "queued_work_share": self.queued_share,
-                "unwaited_work_s": self.unwaited_s}
+                "unwaited_work_s": self.unwaited_s,
+                "worker_prefix_hit_rate": [s.prefix_hit_rate for s in run.worker_stats],
+                "kv_migrated_bytes_per_request": run.kv_migrated_bytes_per_request}
 
 
 @dataclass
@@ -155,6 +168,9 @@ class Reproduction:
     bound: WorkBound
     at_own: dict[str, AtRate]
     pooled_rps: float
+    kv_bound_rps: float | None = None
+    paper: Study | None = None
+    ideal_hit_rate: dict[str, float] = field(default_factory=dict)
 
     @property
     def best_baseline(self) -> str:
@@ -181,6 +197,11 @@ class Reproduction:
             "stream_ratio_vs_best_baseline": self.stream_ratio_vs_best_baseline(),
             "bound_rps": self.bound.rate_rps,
             "pooled_bound_rps": self.pooled_rps,
+            "prefix_cache": self.base.prefix_cache,
+            "prefix_hit_rate": {p: a.result.summary.prefix_hit_rate for p, a in self.at_own.items()},
+            "kv_bound_rps": self.kv_bound_rps,
+            "ideal_prefix_hit_rate": self.ideal_hit_rate,
+            **({} if self.paper is None else {"paper_setting": self.paper.as_dict()}),
         }
 
     def as_dict(self) -> dict:
@@ -194,9 +215,7 @@ class Reproduction:
             "at_own_capacity": {p: a.as_dict() for p, a in self.at_own.items()},
             "common_rate_rps": self.common_scale * self.base.trace.mean_rate,
             "at_common_rate": {p: a.as_dict() for p, a in self.at_common.items()},
-            "sensitivity": {s.title: {"capacity_rps": s.capacity, "stream_capacity_rps": s.stream,
-                                      "bound_rps": s.bound, "pooled_bound_rps": s.pooled}
-                            for s in self.studies},
+            "sensitivity": {s.title: s.as_dict() for s in self.studies},
             "slack": self.slack,
         }
 
@@ -217,9 +236,38 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     bound = pooled.bound
     curve = attainment_curves(base, caps, processes, label)
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
+    cached = base.prefix_cache
     return Reproduction(base, caps, common, {p: _at_rate(runs[(p, "common")], bound) for p in names},
                         curve, studies, slack_budget(base), bound,
-                        {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity())
+                        {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity(),
+                        PooledCluster.of(base, kv_limited=True).bound.rate_rps if cached else None,
+                        paper_setting(base, processes, label) if cached else None,
+                        ideal_hit_rates(base) if cached else {})
+
+
+def ideal_hit_rates(base: Experiment) -> dict[str, float]:
+    """The trace's prompt tokens one ideal cluster-wide cache holds: unbounded ("infinite") and
+    the size of the cluster's KV ("kv")."""
+    prompt = sum(e.input_len for e in base.trace.entries)
+    return {name: sum(cache_hits(base, limited) or ()) / prompt
+            for name, limited in (("infinite", False), ("kv", True))}
+
+
+PAPER_SETTING = "no prefix cache"
+
+
+def paper_setting(base: Experiment, processes: int, label: str | None) -> Study:
+    """The paper's setting beside a run with the cache: its policies' capacities with every
+    prompt computed whole, and the bounds without reuse."""
+    plain = base.with_prefix_cache(False)
+    names = policies(len(base.cluster.workers), cache=False)
+    study = Study("the paper's setting")
+    found = capacities({p: plain.with_policy(p) for p in names}, processes=processes, progress=label)
+    for p, cap in found.items():
+        study.add(PAPER_SETTING, p, cap)
+    pooled = PooledCluster.of(plain)
+    study.bound[PAPER_SETTING], study.pooled[PAPER_SETTING] = pooled.bound.rate_rps, pooled.capacity()
+    return study
 
 
 def _at_rate(run: SimResult, bound: WorkBound) -> AtRate:
@@ -294,7 +342,7 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
     _share_baselines(studies["ablation"], studies["predictor noise"], reference, fixed)
     _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, fixed)
     _share_baselines(studies["role split"], studies["predictor noise"], reference,
-                     tuple(b for b in fixed if not b.startswith("disagg")))
+                     tuple(b for b in fixed if "disagg" not in b))
     return list(studies.values())
 
 

@@ -64,8 +64,7 @@ class SimResult:
             "rate_scale": self.experiment.rate_scale,
             "rate_rps": self.experiment.rate_scale * self.experiment.trace.mean_rate,
             **self.summary.as_dict(),
-            "kv_migrated_bytes_per_request": (self.summary.migrated_tokens
-                                              * self.experiment.cluster.kv_bytes_per_token),
+            "kv_migrated_bytes_per_request": self.kv_migrated_bytes_per_request,
             "prefix_cache": self.experiment.prefix_cache,
             "prefix_note": prefix_note(self.experiment),
             "workers": [
@@ -77,6 +76,11 @@ class SimResult:
             "sim_wall_s": self.sim_wall_s,
             "native": running(),
         }
+
+    @property
+    def kv_migrated_bytes_per_request(self) -> float:
+        """Bytes of KV moved between workers, per request (what prefix caching saves)."""
+        return self.summary.migrated_tokens * self.experiment.cluster.kv_bytes_per_token
 
     @property
     def span(self) -> float:

@@ -187,8 +187,8 @@ def test_drain_ends_what_outlives_its_timeout_with_an_error() -> None:
         failed = await final(handle)
         assert failed.status == 503 and "shutting down" in (failed.error or "")
         assert router.unavailable is not None and "shutting down" in router.unavailable
-        await asyncio.sleep(0.05)
+        freed = await until(lambda: handle.req.id in fakes[0].freed, timeout=5)
+        assert freed, "its KV is freed at the step boundary"
         assert not router.cluster.on_worker(0) and router.workers[0].kv.used_blocks == 0
-        assert handle.req.id in fakes[0].freed, "its KV is freed at the step boundary"
         await router.stop()
     run(body)

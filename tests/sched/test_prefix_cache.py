@@ -87,7 +87,7 @@ def test_prompts_that_differ_in_block_i_share_nothing_from_block_i_on(i: int) ->
     assert first.prefix[:i] == second.prefix[:i] and not set(first.prefix[i:]) & set(second.prefix[i:])
     assert worker.hit(second) == i * BLOCK
     worker.enqueue(second)
-    assert cache_of(worker).refs[second.id] == list(first.prefix[:i])
+    assert worker.reserve(second) and cache_of(worker).refs[second.id] == list(first.prefix[:i])
 
 
 @pytest.mark.parametrize("i", range(4))
@@ -100,7 +100,8 @@ def test_the_hit_is_the_run_of_cached_blocks_up_to_the_first_miss(i: int) -> Non
     second = prefixed(1, first.prefix[:i] + (-1,) + first.prefix[i + 1:], prompt)
     assert worker.hit(second) == i * BLOCK
     worker.enqueue(second)
-    assert second.computed == i * BLOCK and cache_of(worker).refs[second.id] == list(first.prefix[:i])
+    assert second.computed == i * BLOCK and worker.reserve(second)
+    assert cache_of(worker).refs[second.id] == list(first.prefix[:i])
 
 
 def test_eviction_takes_the_least_recently_freed_tail_first_and_never_a_pinned_block() -> None:
@@ -250,3 +251,19 @@ def test_kv_accounting_holds_under_any_sequence_of_requests(steps: list[Step]) -
     assert worker.kv.used_blocks == 0
     cache_of(worker).clear()
     assert not cache_of(worker).entries and cache_of(worker).free_blocks == 0
+
+
+def test_a_queued_prompt_holds_no_cached_block_and_starts_with_the_hit_it_finds_then() -> None:
+    """vLLM looks a prompt up when it schedules it: blocks evicted while it queued are
+    recomputed, and its queue sums follow (``waiting_prompt`` counts every token left)."""
+    worker = cached_worker(kv_tokens=10 * 16)
+    prompt = 2 * BLOCK
+    serve(worker, prefixed(0, keys("ab", prompt), prompt))
+    again = prefixed(1, keys("ab", prompt), prompt, output=1)
+    worker.enqueue(again)
+    assert again.computed == prompt - 16 and worker.kv.used_blocks == 0      # found, not held
+    other = filler(2, 10)
+    assert worker.reserve(other)                                             # evicts both blocks
+    worker.release(other)
+    assert not cache_of(worker).entries and worker.reserve(again)
+    assert again.computed == again.cached == 0 and worker.waiting_prompt == prompt

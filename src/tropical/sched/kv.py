@@ -62,7 +62,7 @@ class KVPool:
         if self.cache is None:
             return 0
         self.used_blocks += self.cache.pin(req)
-        return self.cache.held_tokens(req)
+        return self.held_tokens(req)
 
     def store(self, req: Request, tokens: int) -> int:
         """``req``'s first ``tokens`` prompt tokens are computed here: their full prefix blocks
@@ -72,6 +72,10 @@ class KVPool:
         moved, copies, revived = self.cache.store(req, tokens)
         self.used_blocks += revived - copies
         return moved
+
+    def held_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req`` in cached blocks it references here (0 without a cache)."""
+        return 0 if self.cache is None else self.cache.held_tokens(req)
 
     def unpin(self, req: Request) -> None:
         """``req`` leaves: its cached blocks stay cached, free once nobody references them."""

@@ -158,8 +158,7 @@ class WorkerState:
 
     def _here(self, req: Request) -> bool:
         """Is ``req``'s progress this worker's (or can no cache here change it)?"""
-        cache = self.kv.cache
-        return cache is None or not req.prefix or req.id in cache.refs
+        return self.kv.cache is None or not req.prefix or req.prefill_worker == self.id
 
     def hit(self, req: Request) -> int:
         """Prompt tokens of ``req`` that would start computed here: the cached run of its
@@ -206,13 +205,34 @@ class WorkerState:
         return self.kv.fits(self.kv_to_reserve(req), watermark, cache.unreferenced_run(req))
 
     def reserve(self, req: Request) -> bool:
-        """Reserve ``req``'s KV here (beyond its cached blocks) if it fits; False leaves
-        everything unchanged."""
-        tokens = self.kv_to_reserve(req)
-        if req.id in self.holds or not self.kv.fits(tokens):
-            return req.id in self.holds
+        """Reserve ``req``'s KV here if it fits, referencing the run of its prompt cached here
+        now (as vLLM looks it up when it schedules a request: a queued request holds nothing,
+        so it never keeps the head of the queue from fitting); False leaves everything as it
+        was. A prompt about to start takes the hit it finds now."""
+        if req.id in self.holds:
+            return True
+        held = self.kv.pin(req) if req.prefix else 0
+        tokens = self.kv_tokens_needed(req) - held
+        if not self.kv.fits(tokens):
+            self.kv.unpin(req)
+            return False
         self.holds[req.id] = self.kv.reserve(tokens)
+        if req.first_token is None and req.prefix:
+            self._rehit(req, min(held, self._hit_cap(req)))
         return True
+
+    def _rehit(self, req: Request, hit: int) -> None:
+        """A queued prompt starts with ``hit`` cached tokens instead of those it found when it
+        queued (blocks cached or evicted since): its queue sums follow."""
+        if hit == req.cached:
+            return
+        self._add_queued_work(req, -1)
+        more = req.cached - hit
+        req.computed, req.cached = req.computed - more, hit
+        self.waiting_tokens += more
+        self.waiting_prompt += more
+        self._queue_edits += 1
+        self._add_queued_work(req, 1)
 
     def release(self, req: Request) -> None:
         self.kv.release(self.holds.pop(req.id, 0))
@@ -228,7 +248,7 @@ class WorkerState:
         """Accept a request whose prompt this worker will prefill (at the back, or by laxity);
         its prefix cached here starts computed."""
         if self.kv.cache is not None and req.prefix:
-            req.cached = req.computed = min(self.kv.pin(req), self._hit_cap(req))
+            req.cached = req.computed = self.hit(req)
         slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
         self.waiting.insert(slot, req)
         self._queue_edited(slot)
@@ -268,12 +288,10 @@ class WorkerState:
     def expect_migration(self, req: Request) -> int:
         """Reserve room for a request whose KV is on its way here; returns the prompt tokens
         of KV to move (those not cached here already)."""
-        held = self.kv.pin(req) if req.prefix else 0
         if not self.reserve(req):
-            self.kv.unpin(req)
             raise MemoryError(f"worker {self.id} has no room for request {req.id}")
         self.expect_landing(req)
-        return req.prompt_len - held
+        return req.prompt_len - self.kv.held_tokens(req)
 
     def expect_landing(self, req: Request) -> None:
         """Count ``req`` among the requests whose KV is on its way here (its room held)."""

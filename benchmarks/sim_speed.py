@@ -1,6 +1,7 @@
 """Simulated requests per wall-clock second, per policy, on the conversation trace.
 
-Usage: python benchmarks/sim_speed.py [--limit N] [--rate-scales 0.25,0.5,1.0] [--policies a,b] [--json]
+Usage: python benchmarks/sim_speed.py [--limit N] [--rate-scales 0.25,0.5,1.0] [--policies a,b]
+                                      [--prefix-cache on|off] [--json]
 Runs every policy on the paper cluster (4 workers of InternLM2-20B, TP=2, A100) side by side
 in one process, so the numbers compare with each other on this machine; each is also given as
 a share of colocated's speed at the same rate (colocated runs too if not asked for), a ratio
@@ -30,10 +31,12 @@ def main() -> None:
     parser.add_argument("--rate-scales", default="0.25,0.5,1.0")
     parser.add_argument("--repeats", type=int, default=3, help="best of N runs per cell")
     parser.add_argument("--policies", default=",".join(policy_names()))
+    parser.add_argument("--prefix-cache", choices=("on", "off"), default="on",
+                        help="each worker's prefix cache (on: the simulator's default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     scales = [float(s) for s in args.rate_scales.split(",")]
-    base = experiment(SimConfig(limit=args.limit).with_preset())
+    base = experiment(SimConfig(limit=args.limit, prefix_cache=args.prefix_cache == "on").with_preset())
     policies = args.policies.split(",")
     rows, out, shares, walls, attained = [], {}, {}, {}, {}
     for policy in ([REFERENCE] if REFERENCE not in policies else []) + policies:
@@ -48,9 +51,11 @@ def main() -> None:
             rows.append([policy, f"{scale:g}", str(len(base.trace)), f"{wall:.3f}", f"{out[key]:,.0f}",
                          f"{shares[key]:.2f}", f"{attained[policy, scale]:.3f}"])
     if args.json:
-        print(json.dumps({"requests_per_s": out, "share_of_colocated": shares, "compiled": native.running()}))
+        print(json.dumps({"requests_per_s": out, "share_of_colocated": shares, "compiled": native.running(),
+                          "prefix_cache": base.prefix_cache}))
     else:
-        print("compiled (tropical native)" if native.running() else "plain Python")
+        print(("compiled (tropical native)" if native.running() else "plain Python")
+              + f", prefix cache {args.prefix_cache}")
         print(render(["policy", "rate scale", "requests", "wall s", "req/s", "of colocated", "attainment"],
                      rows))
 

@@ -64,16 +64,21 @@ def prefix_section(rep: Reproduction) -> str:
         return ""
     rows = [[p, f"{at.result.summary.prefix_hit_rate:.1%}",
              " / ".join(f"{s.prefix_hit_rate:.0%}" for s in at.result.worker_stats),
-             f"{at.result.kv_migrated_bytes_per_request / 2**20:.0f}"]
+             f"{at.result.kv_migrated_bytes_per_request / 2**20:.0f}",
+             f"{rep.reuse_bound[p]:.3f}", f"{ratio(rep.capacity[p].capacity_rps, rep.reuse_bound[p]):.0%}"]
             for p, at in rep.at_own.items()]
     ideal = rep.ideal_hit_rate
     return ("## Prefix caching (each policy at its own capacity)\n\n"
-            + _table(["policy", "prefix hit rate", "per worker", "KV migrated per request (MiB)"], rows)
+            + _table(["policy", "prefix hit rate", "per worker", "KV migrated per request (MiB)",
+                      "work bound at its own reuse (req/s)", "capacity of it"], rows)
             + f"\n\nHit rate: prompt tokens found in the prefilling worker's cache over all prompt "
             f"tokens prefilled. One ideal cluster-wide cache that keeps everything would reuse "
             f"{ideal.get('infinite', 0):.1%} of the trace's prompt tokens (the work bound above "
             f"assumes it); one the size of the cluster's KV, evicting what is needed furthest in the "
-            f"future, {ideal.get('kv', 0):.1%} (its work bound: {rep.kv_bound_rps or 0:.3f} req/s).\n")
+            f"future, {ideal.get('kv', 0):.1%} (its work bound: {rep.kv_bound_rps or 0:.3f} req/s). "
+            "The work bound at a policy's own reuse prices every request less the hit it had in "
+            "that policy's run: the gap between it and the work bound is what more reuse could "
+            "win, the gap between it and the capacity what scheduling could.\n")
 
 
 def paper_setting_section(rep: Reproduction) -> str:

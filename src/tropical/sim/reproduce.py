@@ -22,9 +22,9 @@ from tropical.core.metrics import miss_cause
 from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
-from tropical.sim.bound import WorkBound, queued_work, unwaited_work
+from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
-from tropical.sim.run import Experiment, SimResult
+from tropical.sim.run import Experiment, SimResult, request_slos
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
 from tropical.workload.transform import scale_lengths
@@ -171,6 +171,7 @@ class Reproduction:
     kv_bound_rps: float | None = None
     paper: Study | None = None
     ideal_hit_rate: dict[str, float] = field(default_factory=dict)
+    reuse_bound: dict[str, float] = field(default_factory=dict)
 
     @property
     def best_baseline(self) -> str:
@@ -201,6 +202,7 @@ class Reproduction:
             "prefix_hit_rate": {p: a.result.summary.prefix_hit_rate for p, a in self.at_own.items()},
             "kv_bound_rps": self.kv_bound_rps,
             "ideal_prefix_hit_rate": self.ideal_hit_rate,
+            "bound_at_own_reuse_rps": self.reuse_bound,
             **({} if self.paper is None else {"paper_setting": self.paper.as_dict()}),
         }
 
@@ -242,7 +244,16 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
                         {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity(),
                         PooledCluster.of(base, kv_limited=True).bound.rate_rps if cached else None,
                         paper_setting(base, processes, label) if cached else None,
-                        ideal_hit_rates(base) if cached else {})
+                        ideal_hit_rates(base) if cached else {},
+                        {p: bound_at_reuse(runs[(p, "own")]) for p in names} if cached else {})
+
+
+def bound_at_reuse(run: SimResult) -> float:
+    """The work bound had every request the prefix hit it had in ``run``: what the policy could
+    reach with the reuse its caches gave it (the gap to the ideal cache's bound is reuse)."""
+    exp = run.experiment
+    hits = [r.cached for r in sorted(run.requests, key=lambda r: r.id)]
+    return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp), hits).rate_rps
 
 
 def ideal_hit_rates(base: Experiment) -> dict[str, float]:

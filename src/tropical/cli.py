@@ -308,7 +308,7 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_fidelity_options(parser: argparse.ArgumentParser) -> None:
-    from tropical.fidelity.command import add_fidelity_options
+    from tropical.fidelity.options import add_fidelity_options
 
     add_fidelity_options(parser)
 

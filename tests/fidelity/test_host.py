@@ -11,7 +11,7 @@ import pytest
 from tests.factories import linear_model
 from tropical.core.latency.shape import BatchShape
 from tropical.engine.profiler import Sample
-from tropical.fidelity import command
+from tropical.fidelity import command, options
 from tropical.fidelity.host import HostSpeed, matched
 from tropical.fidelity.replay import study_profile
 from tropical.fidelity.report import host_lines
@@ -102,7 +102,7 @@ def test_a_matched_study_records_what_it_ran_and_what_was_asked(
 
 def test_host_check_is_a_choice_of_the_command() -> None:
     parser = argparse.ArgumentParser()
-    command.add_fidelity_options(parser)
+    options.add_fidelity_options(parser)
     assert parser.parse_args([]).host_check == "warn"
     with pytest.raises(SystemExit):
         parser.parse_args(["--host-check", "sometimes"])

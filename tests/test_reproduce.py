@@ -57,7 +57,8 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
                     "had no request waited", "Analysis",
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
                     "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall", "Prefix caching",
-                    "The paper's setting: no prefix cache", "cache-blind Path 1 dispatch"):
+                    "The paper's setting: no prefix cache", "cache-blind Path 1 dispatch",
+                    "**Reuse.**", "work bound at its own reuse"):
         assert heading in report
     assert (out / "attainment_vs_rate.png").read_bytes()[:4] == b"\x89PNG"
 

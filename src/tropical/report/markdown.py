@@ -164,7 +164,8 @@ def study_section(study: Study) -> str:
 def analysis_section(rep: Reproduction) -> str:
     """Sentences whose every number and comparison comes from this run."""
     return "## Analysis\n\n" + "\n\n".join(
-        [_verdict(rep), _bound_sentence(rep), _deferral_sentence(rep), _misses_sentence(rep),
+        [_verdict(rep), _bound_sentence(rep), *_reuse_sentences(rep), _deferral_sentence(rep),
+         _misses_sentence(rep),
          _slack_sentence(rep), *_ablation_sentences(rep), *_headroom_sentences(rep)]) + "\n"
 
 
@@ -193,6 +194,26 @@ def _bound_sentence(rep: Reproduction) -> str:
             f"is {rep.pooled_rps:.3f} req/s ({ratio(rep.pooled_rps, rep.bound.rate_rps):.0%} of the "
             f"work bound): the best baseline reaches {pooled[best]:.0%} of it, `tropical+` "
             f"{pooled['tropical+']:.0%}.")
+
+
+def _reuse_sentences(rep: Reproduction) -> list[str]:
+    """How much each side reused, against the ideal caches, and how far reuse and scheduling
+    each leave ``tropical+`` from the bound (nothing without a cache)."""
+    if not rep.base.prefix_cache:
+        return []
+    hits = {p: at.result.summary.prefix_hit_rate for p, at in rep.at_own.items()}
+    router = max((p for p in hits if p.startswith("kv-router")), key=lambda p: hits[p], default=None)
+    best, plus = rep.best_baseline, "tropical+"
+    routers = f", the best cache-aware router `{router}` {hits[router]:.1%}" if router else ""
+    capacity, reuse, bound = rep.capacity[plus].capacity_rps, rep.reuse_bound[plus], rep.bound.rate_rps
+    return [f"**Reuse.** At their capacities `{plus}` finds {hits[plus]:.1%} of its prompt tokens in a "
+            f"worker's cache, the best baseline `{best}` {hits[best]:.1%}{routers}; one ideal "
+            f"cluster-wide cache would find {rep.ideal_hit_rate['infinite']:.1%} (the work bound assumes "
+            f"it), and one the size of the cluster's KV, evicting what is needed furthest ahead, "
+            f"{rep.ideal_hit_rate['kv']:.1%}. Priced at the reuse its own run had, the work bound is "
+            f"{reuse:.3f} req/s against {bound:.3f}: `{plus}` reaches {ratio(capacity, reuse):.0%} of "
+            f"it, so of the {1 - ratio(capacity, bound):.0%} of the work bound it leaves, reuse accounts "
+            f"for {1 - ratio(reuse, bound):.0%} and scheduling for {ratio(reuse - capacity, bound):.0%}."]
 
 
 def _deferral_sentence(rep: Reproduction) -> str:

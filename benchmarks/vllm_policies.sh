@@ -56,7 +56,7 @@ wait_up() {  # wait_up URL PID LOGFILE
 
 start_instance() {  # start_instance INDEX: vLLM on its own core, NIXL connector as both roles
     local i=$1 logfile=$OUT/vllm-$1.log
-    PYTHONPATH=src/tropical/serve/vllm_cpu_patch TROPICAL_NIXL_POLL_DELAY_US=$NIXL_POLL_DELAY_US \
+    PYTHONPATH=src/tropical/serve/vllm/cpu_patch TROPICAL_NIXL_POLL_DELAY_US=$NIXL_POLL_DELAY_US \
         VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
         VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=${SIDE_PORTS[$i]} \
         setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$OUT/$NAME" \

@@ -191,7 +191,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.server:
         import asyncio
 
-        from tropical.serve.vllm_profile import measure_server
+        from tropical.serve.vllm.profile import measure_server
 
         result = asyncio.run(measure_server(args.server, args.grid, args.model, args.dtype))
     else:

@@ -23,11 +23,11 @@ from tropical.core.sampling import SamplingParams
 from tropical.sched.batching import Batch
 from tropical.sched.policy import Policy
 from tropical.sched.worker import WorkerState
-from tropical.serve.messages import Free, Step, StepDone
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.router import Router, RouterSettings
 from tropical.serve.streams import RequestHandle, Submission
-from tropical.serve.worker_handle import WorkerDied
+from tropical.serve.workers.handle import WorkerDied
+from tropical.serve.workers.messages import Free, Step, StepDone
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):

@@ -13,11 +13,11 @@ from tests.live_server import until
 from tropical.core.sampling import SamplingParams
 from tropical.sched.registry import make_policy
 from tropical.sched.worker import worker_state
-from tropical.serve.messages import Free, Step, StepDone
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.router import Router, RouterSettings
 from tropical.serve.streams import Event, RequestHandle, Submission
-from tropical.serve.worker_handle import WorkerDied, WorkerError
+from tropical.serve.workers.handle import WorkerDied, WorkerError
+from tropical.serve.workers.messages import Free, Step, StepDone
 
 POISON = 666
 """A seed the fake worker refuses to sample, standing in for any step that raises in a worker."""

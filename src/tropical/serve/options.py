@@ -9,7 +9,7 @@ from tropical.config import PolicyConfig
 from tropical.sched.policy import Policy
 from tropical.sched.registry import make_policy
 from tropical.sched.rules import Role
-from tropical.serve.placement import Placement, split_pins
+from tropical.serve.workers.placement import Placement, split_pins
 
 DEFAULT_WORKERS = {"colocated": "2", "chunked": "2", "disagg": "prefill,decode",
                    "tropical": "prefill,multiplex", "tropical+": "prefill,multiplex"}

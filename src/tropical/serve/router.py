@@ -29,11 +29,11 @@ from tropical.sched.policy import Policy
 from tropical.sched.step import TokenSequence, record_tokens, step_spec
 from tropical.sched.worker import WorkerState
 from tropical.serve.iteration_log import IterationLog, IterationRecord, MigrationRecord
-from tropical.serve.messages import Free as FreeKV
-from tropical.serve.messages import Step, StepDone
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.streams import RequestHandle, Submission
-from tropical.serve.worker_handle import WorkerDied, WorkerError, WorkerHandle
+from tropical.serve.workers.handle import WorkerDied, WorkerError, WorkerHandle
+from tropical.serve.workers.messages import Free as FreeKV
+from tropical.serve.workers.messages import Step, StepDone
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router does not
     from tropical.engine.tokenizer import Tokenizer

@@ -20,11 +20,11 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from tropical.serve.app import MIB, ServerState, ServingRouter, add_routes
-from tropical.serve.auth import resolve_api_key
-from tropical.serve.launch import launch
+from tropical.serve.http.app import MIB, ServerState, ServingRouter, add_routes
+from tropical.serve.http.auth import resolve_api_key
 from tropical.serve.options import ServeOptions
-from tropical.serve.vllm_launch import launch_vllm
+from tropical.serve.vllm.launch import launch_vllm
+from tropical.serve.workers.launch import launch
 
 FLUSH_S = 5
 """uvicorn's own graceful shutdown, after the router's drain: time for the last responses (error

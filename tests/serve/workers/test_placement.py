@@ -6,7 +6,7 @@ import pytest
 
 from tropical.sched.rules import Role
 from tropical.serve.options import ServeOptions, placements, policy_and_roles
-from tropical.serve.placement import Placement, check_fits, split_pins
+from tropical.serve.workers.placement import Placement, check_fits, split_pins
 
 
 def _node(address: str, cpus: float, gpus: float = 0.0, alive: bool = True) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tropical.core.latency.shape import BatchShape
 from tropical.engine.profiler import ProfileResult, Sample, fit_samples
-from tropical.serve.vllm_instance import VllmInstance
+from tropical.serve.vllm.instance import VllmInstance
 
 UNMEASURED_BANDWIDTH = 1e12
 """Bytes/s standing in for the link: never measured here, so it prices hand-offs at ~0 and the

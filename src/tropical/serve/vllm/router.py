@@ -21,11 +21,10 @@ from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
-from tropical.engine.tokenizer import Tokenizer
 from tropical.sched.admission import NO_LIVE_WORKER, admission_error, serving_error
 from tropical.sched.policy import Assignment, Policy, apply
 from tropical.sched.rules import Role
@@ -33,8 +32,11 @@ from tropical.sched.worker import WorkerState
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.router import SHUTTING_DOWN, Rejected, RouterSettings, check_capacity
 from tropical.serve.streams import RequestHandle, Submission
-from tropical.serve.vllm_instance import InstanceDied, InstanceError, VllmInstance
-from tropical.serve.vllm_shadow import Shadow
+from tropical.serve.vllm.instance import InstanceDied, InstanceError, VllmInstance
+from tropical.serve.vllm.shadow import Shadow
+
+if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router does not
+    from tropical.engine.tokenizer import Tokenizer
 
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                  "remote_block_ids": None, "remote_host": None, "remote_port": None}

@@ -32,11 +32,11 @@ from tropical.serve.metrics import ServerMetrics
 from tropical.serve.options import ServeOptions, policy_and_roles
 from tropical.serve.process import free_port
 from tropical.serve.router import RouterSettings
-from tropical.serve.vllm_instance import VllmInstance
-from tropical.serve.vllm_process import VllmLaunch, VllmProcess, core_sets
-from tropical.serve.vllm_profile import HTTP_GRIDS, kv_bytes_per_token, profile_server
-from tropical.serve.vllm_router import VllmRouter
-from tropical.serve.vllm_shadow import Shadow
+from tropical.serve.vllm.instance import VllmInstance
+from tropical.serve.vllm.process import VllmLaunch, VllmProcess, core_sets
+from tropical.serve.vllm.profile import HTTP_GRIDS, kv_bytes_per_token, profile_server
+from tropical.serve.vllm.router import VllmRouter
+from tropical.serve.vllm.shadow import Shadow
 
 READY_POLL_S = 1.0
 CACHE_INFO = re.compile(r'vllm:cache_config_info\{([^}]*)\}')
@@ -44,7 +44,7 @@ CACHE_INFO = re.compile(r'vllm:cache_config_info\{([^}]*)\}')
 
 @dataclass
 class VllmCluster:
-    """What `tropical serve` holds while the vLLM engine serves (the shape of ``launch.Cluster``)."""
+    """What `tropical serve` holds while the vLLM engine serves (the shape of ``workers.launch.Cluster``)."""
 
     router: VllmRouter
     clients: list[VllmInstance]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tropical.serve.prompts import CHARS_PER_TOKEN_BOUND, to_submission
-from tropical.serve.protocol import APIError, GenerationRequest
+from tropical.serve.http.prompts import CHARS_PER_TOKEN_BOUND, to_submission
+from tropical.serve.http.protocol import APIError, GenerationRequest
 
 
 class CountingTokenizer:

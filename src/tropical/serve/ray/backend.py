@@ -17,12 +17,12 @@ from typing import cast
 import ray
 from ray.actor import ActorHandle
 
-from tropical.serve.messages import WorkerLaunch
 from tropical.serve.options import ServeOptions
-from tropical.serve.placement import Placement, check_fits
-from tropical.serve.ray_handle import RayWorkerHandle
-from tropical.serve.ray_worker import RemoteWorker
-from tropical.serve.worker_handle import WorkerHandle
+from tropical.serve.ray.handle import RayWorkerHandle
+from tropical.serve.ray.worker import RemoteWorker
+from tropical.serve.workers.handle import WorkerHandle
+from tropical.serve.workers.messages import WorkerLaunch
+from tropical.serve.workers.placement import Placement, check_fits
 
 
 @dataclass(frozen=True)

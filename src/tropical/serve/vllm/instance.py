@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from tropical.serve.vllm_process import VllmProcess
+from tropical.serve.vllm.process import VllmProcess
 
 CONNECT_ERRORS = (httpx.TransportError,)
 PROBE_TIMEOUT_S = 10.0

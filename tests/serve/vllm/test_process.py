@@ -13,8 +13,8 @@ import pytest
 
 from tropical.sched.rules import Role
 from tropical.serve.options import ServeOptions
-from tropical.serve.vllm_launch import parse_worker_urls
-from tropical.serve.vllm_process import CPU_PATCH, VllmLaunch, VllmProcess, core_sets
+from tropical.serve.vllm.launch import parse_worker_urls
+from tropical.serve.vllm.process import CPU_PATCH, VllmLaunch, VllmProcess, core_sets
 
 
 def launch(role: Role, delay: int = 0) -> VllmLaunch:

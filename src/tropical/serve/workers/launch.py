@@ -19,12 +19,12 @@ from tropical.core.slo import SLOSpec
 from tropical.engine.loader import cache_root
 from tropical.sched.worker import worker_state
 from tropical.serve.iteration_log import IterationLog
-from tropical.serve.messages import Profile, Ready, WorkerLaunch
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.options import ServeOptions, placements, policy_and_roles
 from tropical.serve.router import Router, RouterSettings
-from tropical.serve.worker_client import LocalBackend
-from tropical.serve.worker_handle import Backend, WorkerHandle
+from tropical.serve.workers.client import LocalBackend
+from tropical.serve.workers.handle import Backend, WorkerHandle
+from tropical.serve.workers.messages import Profile, Ready, WorkerLaunch
 
 
 @dataclass
@@ -79,7 +79,7 @@ def open_backend(options: ServeOptions, workers: int) -> Backend:
     """Local processes, or a Ray cluster joined (``--ray-address``) or started here."""
     if options.backend == "local":
         return LocalBackend()
-    from tropical.serve.ray_backend import RayBackend  # Ray is an optional dependency
+    from tropical.serve.ray.backend import RayBackend  # Ray is an optional dependency
 
     return RayBackend.connect(options, workers)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tropical.core.sampling import SamplingParams
 from tropical.engine.tokenizer import Tokenizer
-from tropical.serve.protocol import APIError, GenerationRequest
+from tropical.serve.http.protocol import APIError, GenerationRequest
 from tropical.serve.streams import Submission
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16

@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tropical.serve.messages import Export, Import, Ready, Reply, StagingArea, WorkerLaunch
-from tropical.serve.placement import Placement
-from tropical.serve.staging import StagedKV, StagingSpace
-from tropical.serve.worker_handle import WorkerDied, WorkerError, WorkerHandle
-from tropical.serve.worker_process import worker_main
+from tropical.serve.workers.handle import WorkerDied, WorkerError, WorkerHandle
+from tropical.serve.workers.messages import Export, Import, Ready, Reply, StagingArea, WorkerLaunch
+from tropical.serve.workers.placement import Placement
+from tropical.serve.workers.process import worker_main
+from tropical.serve.workers.staging import StagedKV, StagingSpace
 
 
 class WorkerClient:

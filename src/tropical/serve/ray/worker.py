@@ -19,8 +19,8 @@ import numpy as np
 import ray
 import torch
 
-from tropical.serve.messages import Ready, WorkerLaunch
-from tropical.serve.worker_process import WorkerRuntime
+from tropical.serve.workers.messages import Ready, WorkerLaunch
+from tropical.serve.workers.process import WorkerRuntime
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import pytest
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from tropical.serve.protocol import (
+from tropical.serve.http.protocol import (
     SSE_DONE,
     APIError,
     GenerationRequest,

@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tropical.serve.app import ServerState, add_routes
+from tropical.serve.http.app import ServerState, add_routes
 
 BODY = b'{"model": "m", "prompt": "' + b"a" * 3000 + b'"}'
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from tropical.serve.messages import Ready, WorkerLaunch
-from tropical.serve.placement import Placement
+from tropical.serve.workers.messages import Ready, WorkerLaunch
+from tropical.serve.workers.placement import Placement
 
 
 class WorkerDied(RuntimeError):

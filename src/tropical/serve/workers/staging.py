@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tropical.serve.messages import StagingArea
+from tropical.serve.workers.messages import StagingArea
 
 STAGED_CONTEXTS = 2
 """A staging area holds this many full contexts, so the prompts one prefill batch completes

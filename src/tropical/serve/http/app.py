@@ -23,10 +23,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from tropical.sched.worker import WorkerState
-from tropical.serve.auth import key_matches
-from tropical.serve.metrics import ServerMetrics
-from tropical.serve.prompts import to_submission
-from tropical.serve.protocol import (
+from tropical.serve.http.auth import key_matches
+from tropical.serve.http.prompts import to_submission
+from tropical.serve.http.protocol import (
     SSE_DONE,
     APIError,
     GenerationRequest,
@@ -39,6 +38,7 @@ from tropical.serve.protocol import (
     stream_chunk,
     usage_chunk,
 )
+from tropical.serve.metrics import ServerMetrics
 from tropical.serve.router import Rejected
 from tropical.serve.streams import Event, RequestHandle, Submission
 
@@ -65,7 +65,7 @@ class WorkerInfo(Protocol):
 
 class ServingRouter(Protocol):
     """What the endpoints and the server need of a router, so the native one (``router.Router``)
-    and the one over vLLM instances (``vllm_router.VllmRouter``) serve alike."""
+    and the one over vLLM instances (``vllm.router.VllmRouter``) serve alike."""
 
     @property
     def workers(self) -> Sequence[WorkerState]: ...

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tropical.serve.auth import key_matches, resolve_api_key
+from tropical.serve.http.auth import key_matches, resolve_api_key
 
 
 def test_the_flag_wins_then_the_file_then_tropicals_variable_then_vllms(tmp_path: Path) -> None:

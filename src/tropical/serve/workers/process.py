@@ -18,7 +18,7 @@ from tropical.engine.executor import Executor
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.loader import load_model
 from tropical.engine.profiler import GRIDS, profile_document, profile_engine
-from tropical.serve.messages import (
+from tropical.serve.workers.messages import (
     Export,
     Free,
     Import,
@@ -30,7 +30,7 @@ from tropical.serve.messages import (
     StepDone,
     WorkerLaunch,
 )
-from tropical.serve.staging import STAGED_CONTEXTS, create_staging, map_staging
+from tropical.serve.workers.staging import STAGED_CONTEXTS, create_staging, map_staging
 
 
 class WorkerRuntime:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.factories import linear_model
 from tests.live_server import eventually
-from tests.serve.fake_vllm import FakeVllm, RunningFake, answer, running_fake
+from tests.serve.vllm.fake_vllm import FakeVllm, RunningFake, answer, running_fake
 from tropical.engine.loader import load_model
 from tropical.serve.options import ServeOptions
 from tropical.serve.process import free_port

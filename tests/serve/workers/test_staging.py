@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tropical.serve.staging import StagingSpace
+from tropical.serve.workers.staging import StagingSpace
 
 
 def test_ranges_are_disjoint_and_reused() -> None:

@@ -19,9 +19,9 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from tropical.serve.messages import Ready
-from tropical.serve.ray_worker import Location
-from tropical.serve.worker_handle import WorkerDied, WorkerError
+from tropical.serve.ray.worker import Location
+from tropical.serve.workers.handle import WorkerDied, WorkerError
+from tropical.serve.workers.messages import Ready
 
 PING_INTERVAL_S = 1.0
 

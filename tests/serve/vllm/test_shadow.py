@@ -9,7 +9,7 @@ from tropical.core.latency.online import OnlineLatency
 from tropical.core.latency.shape import BatchShape
 from tropical.engine.runner import worker_state
 from tropical.sched.rules import BatchRules, Role
-from tropical.serve.vllm_shadow import Shadow
+from tropical.serve.vllm.shadow import Shadow
 
 
 def shadow(role: Role = Role.MULTIPLEX, blocks: int = 1000) -> Shadow:

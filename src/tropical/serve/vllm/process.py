@@ -22,7 +22,7 @@ from tropical.sched.rules import Role
 from tropical.serve.parent_death import terminate_with_parent
 
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer", Role.MULTIPLEX: "kv_both"}
-CPU_PATCH = Path(__file__).parent / "vllm_cpu_patch"
+CPU_PATCH = Path(__file__).parent / "cpu_patch"
 """The opt-in NIXL poll-delay workaround (its sitecustomize), put on the vLLM process's path."""
 KV_CACHE_GIB = 1
 """vLLM's CPU KV cache per instance (``VLLM_CPU_KVCACHE_SPACE``): ~23k tokens of SmolLM2 in fp32."""

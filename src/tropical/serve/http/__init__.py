@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP surface: endpoints, wire format, prompts into tokens, API keys."""

@@ -71,6 +71,8 @@ POLICY_HELP = {
                        "are at risk (tropical)",
 }
 
+TBT_SCALE_HELP = "TBT SLO (longest gap between two tokens) = this x the TPOT SLO"
+
 
 def _add_sim_options(parser: argparse.ArgumentParser) -> None:
     """One flag per SimConfig field; unset flags fall back to the config file and preset."""
@@ -80,7 +82,7 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
              "limit": "first N requests of the trace",
              "prefix_cache": "on (default, as vLLM): each worker reuses the prompt prefixes it "
                              "computed (the trace's hash_ids); off: every prompt is computed whole",
-             "tbt_scale": "TBT SLO (longest gap between two tokens) = this x the TPOT SLO",
+             "tbt_scale": TBT_SCALE_HELP,
              "predictor_bias": "systematic relative error of every prediction, e.g. -0.2: the "
                                "policy expects iterations 20%% faster than they run",
              **WORKLOAD_HELP}
@@ -286,6 +288,7 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
         "max_body_mb": f"larger request bodies get 413 before they are read (default {d.max_body_mb})",
         "slo_ttft_ms": "default TTFT SLO (else --slo-scale x light load)",
         "slo_tpot_ms": "default TPOT SLO (else --slo-scale x light load)",
+        "tbt_scale": TBT_SCALE_HELP,
         "kv_tokens": "KV cache tokens per worker",
         "max_model_len": "context cap",
         "max_waiting": "queued requests before answering 429",

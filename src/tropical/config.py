@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import tomllib
 
+from tropical.core.slo import SLOSpec
 from tropical.sched.kv_router import OVERLAP_WEIGHT
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
@@ -68,6 +69,33 @@ def slack_rule(name: str) -> SlackRule:
     except ValueError:
         raise ValueError(f"unknown slack rule {name!r}; choose from "
                          f"{', '.join(r.value for r in SlackRule)}") from None
+
+
+class SLOSettings(Protocol):
+    """What sets a run's default SLO: SimConfig's fields, and ServeOptions' (one scale for both)."""
+
+    @property
+    def ttft_scale(self) -> float: ...
+
+    @property
+    def tpot_scale(self) -> float: ...
+
+    @property
+    def tbt_scale(self) -> float: ...
+
+    @property
+    def slo_ttft_ms(self) -> float | None: ...
+
+    @property
+    def slo_tpot_ms(self) -> float | None: ...
+
+
+def slo_spec(settings: SLOSettings) -> SLOSpec:
+    """The SLO of every request that names none of its own, for the simulator and for both engines
+    of the server: scales of its light-load latency unless absolute ms are set, and a TBT bound of
+    ``tbt_scale`` times its TPOT target."""
+    return SLOSpec(settings.ttft_scale, settings.tpot_scale, settings.slo_ttft_ms, settings.slo_tpot_ms,
+                   settings.tbt_scale)
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from tropical.bench.plan import PlannedRequest
 from tropical.core.gaps import GapHistogram
 from tropical.core.latency.model import LatencyModel
-from tropical.core.latency.online import OnlineLatency
 from tropical.core.metrics import Summary, summarize
 from tropical.core.request import Request
 from tropical.core.slo import SLO
-from tropical.sched.worker import worker_state
+from tropical.sched.fleet import worker_states
 from tropical.serve.options import ServeOptions, policy_and_roles
 from tropical.sim.simulator import Simulator
 
@@ -67,9 +66,7 @@ def simulate_twin(planned: Sequence[PlannedRequest], slo: SLO, policy: str, shap
         raise ValueError(f"policy {policy} runs {len(roles)} workers; got {len(speeds)} latency models")
     blocks = -(-shape.kv_tokens // shape.block_size)
     base = predictor or speeds[0]
-    workers = [worker_state(i, role, chosen.rules(role), blocks, shape.block_size,
-                            OnlineLatency(base) if chosen.learns_latency else base)
-               for i, role in enumerate(roles)]
+    workers = worker_states(chosen, roles, [(blocks, shape.block_size)] * len(roles), [base] * len(roles))
     requests = [Request(p.id, p.send_at + frontend, p.prompt_len, p.output_len, slo) for p in planned]
     done = Simulator(workers, chosen, requests, shape.max_model_len, truth=speeds).run()
     for req in done:

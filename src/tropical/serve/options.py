@@ -36,6 +36,7 @@ class ServeOptions(PolicyConfig):
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_scale: float = 5.0
+    tbt_scale: float = 5.0
     kv_tokens: int = 16384
     block_size: int = 16
     max_model_len: int = 4096
@@ -85,6 +86,15 @@ class ServeOptions(PolicyConfig):
         if self.ray_max_restarts < -1:
             raise ValueError(f"--ray-max-restarts must be -1 (no limit) or more, got {self.ray_max_restarts}")
         placements(self, policy_and_roles(self)[1])
+
+    @property
+    def ttft_scale(self) -> float:
+        """``--slo-scale`` scales the TTFT and the TPOT targets alike (see ``config.slo_spec``)."""
+        return self.slo_scale
+
+    @property
+    def tpot_scale(self) -> float:
+        return self.slo_scale
 
 
 def policy_and_roles(options: ServeOptions) -> tuple[Policy, list[Role]]:

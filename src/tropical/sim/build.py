@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tropical.calibration.store import load_profile, load_roofline
-from tropical.config import SimConfig
+from tropical.config import SimConfig, slo_spec
 from tropical.core.slo import SLOMix, SLOSpec
 from tropical.sim.cluster import LatencyFactory, replicas
 from tropical.sim.run import Experiment
@@ -62,7 +62,7 @@ def experiment(cfg: SimConfig) -> Experiment:
                          "(check --limit, --start-s and --end-s)")
     cluster = replicas(cfg.cluster, cfg.model, worker_gpus(cfg), cfg.tp, latency_factory(cfg),
                        cfg.memory_utilization)
-    slo = SLOSpec(cfg.ttft_scale, cfg.tpot_scale, cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.tbt_scale)
+    slo = slo_spec(cfg)
     mix = parse_slo_classes(cfg.slo_classes, cfg.seed, cfg.tbt_scale) if cfg.slo_classes else None
     return Experiment(trace, cluster, cfg.policy, cfg.policy_params(), slo, cfg.rate_scale,
                       cfg.predictor_noise, cfg.seed, mix, cfg.predictor_bias, cfg.prefix_cache)

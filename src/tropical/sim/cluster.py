@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.noisy import NoisyModel
-from tropical.core.latency.online import OnlineLatency
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
-from tropical.sched.kv import KVPool
+from tropical.sched.fleet import worker_states
 from tropical.sched.policy import Policy
 from tropical.sched.worker import WorkerState
 
@@ -64,23 +63,18 @@ class ClusterSpec:
         prefix caching).
         """
         roles = policy.roles(len(self.workers))
-        return [
-            WorkerState(i, role, policy.rules(role),
-                        KVPool.for_tokens(spec.kv_capacity_tokens, self.block_size, prefix_cache),
-                        _predictor(spec.latency, predictor_noise, predictor_bias, seed + i,
-                                   policy.learns_latency))
-            for i, (spec, role) in enumerate(zip(self.workers, roles, strict=True))
-        ]
+        pools = [(spec.kv_capacity_tokens // self.block_size, self.block_size) for spec in self.workers]
+        predictors = [_predictor(spec.latency, predictor_noise, predictor_bias, seed + i)
+                      for i, spec in enumerate(self.workers)]
+        return worker_states(policy, roles, pools, predictors, prefix_cache)
 
     @property
     def truth(self) -> list[LatencyModel]:
         return [spec.latency for spec in self.workers]
 
 
-def _predictor(truth: LatencyModel, noise: float, bias: float, seed: int,
-               learns: bool) -> LatencyModel:
-    model = NoisyModel(truth, noise, seed, bias) if noise or bias else truth
-    return OnlineLatency(model) if learns else model
+def _predictor(truth: LatencyModel, noise: float, bias: float, seed: int) -> LatencyModel:
+    return NoisyModel(truth, noise, seed, bias) if noise or bias else truth
 
 
 LatencyFactory = Callable[[ReplicaSpec], LatencyModel]

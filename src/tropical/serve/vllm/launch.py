@@ -16,21 +16,22 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 
-from tropical.calibration.store import load_profile
+from tropical.config import slo_spec
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.online import OnlineLatency
-from tropical.core.slo import SLOSpec
 from tropical.engine.loader import cache_root
 from tropical.engine.profiler import profile_document
-from tropical.engine.runner import worker_state
 from tropical.engine.tokenizer import Tokenizer
+from tropical.sched.fleet import worker_states
 from tropical.sched.rules import Role
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.options import ServeOptions, policy_and_roles
 from tropical.serve.process import free_port
+from tropical.serve.profiles import ProfileSource, choose_profile
 from tropical.serve.router import RouterSettings
 from tropical.serve.vllm.instance import VllmInstance
 from tropical.serve.vllm.process import VllmLaunch, VllmProcess, core_sets
@@ -76,17 +77,16 @@ async def launch_vllm(options: ServeOptions, metrics: ServerMetrics) -> VllmClus
         await asyncio.gather(*(wait_ready(i, options.start_timeout) for i in instances))
         if urls is not None and options.served_model_name is None:
             name = await served_name(instances)
-        latency, note = await _profile(options, instances[0], model_dir)
+        source = _profile_source(options, instances[0], model_dir)
+        latency, note = await choose_profile(options.profile, source)
         pools = await asyncio.gather(*(kv_pool(i, options) for i in instances))
     except BaseException:
         await asyncio.gather(*(asyncio.to_thread(i.process.stop) for i in instances if i.process))
         raise
-    shadows = []
-    for i, (role, (blocks, block_size)) in enumerate(zip(roles, pools, strict=True)):
-        online = OnlineLatency(latency)
-        shadows.append(Shadow(worker_state(i, role, policy.rules(role), blocks, block_size, online), online))
-    slo = SLOSpec(options.slo_scale, options.slo_scale, options.slo_ttft_ms, options.slo_tpot_ms)
-    settings = RouterSettings(options.max_waiting, slo, options.max_model_len)
+    # vLLM plans its own iterations: every shadow learns their speed online, whatever the policy.
+    workers = worker_states(policy, roles, pools, [latency] * len(roles), online=True)
+    shadows = [Shadow(w, cast(OnlineLatency, w.latency)) for w in workers]
+    settings = RouterSettings(options.max_waiting, slo_spec(options), options.max_model_len)
     tokenizer = Tokenizer.from_hf_dir(model_dir)
     router = VllmRouter(policy, shadows, instances, tokenizer, latency, settings, metrics)
     router.start()
@@ -189,18 +189,16 @@ async def kv_pool(instance: VllmInstance, options: ServeOptions) -> tuple[int, i
     return options.kv_tokens // options.block_size, options.block_size
 
 
-async def _profile(options: ServeOptions, instance: VllmInstance, model_dir: Path) -> tuple[FittedModel, str]:
-    """The latency model from --profile, the cache, or a quick measurement of the first instance."""
-    if options.profile is not None:
-        return load_profile(options.profile), f"latency profile {options.profile}"
+def _profile_source(options: ServeOptions, instance: VllmInstance, model_dir: Path) -> ProfileSource:
+    """vLLM's profile: cached per model, dtype and core count; measured over HTTP on the first
+    instance (``tropical profile --server``)."""
+
+    async def measure() -> tuple[FittedModel, dict[str, Any]]:
+        config = json.loads((model_dir / "config.json").read_text())
+        kv_bytes = kv_bytes_per_token(config, options.dtype)
+        result = await profile_server(instance, HTTP_GRIDS["quick"], kv_bytes)
+        return result.model, profile_document(result)
+
     cores = len(os.sched_getaffinity(0))
-    path = cache_root(None) / "profiles" / f"vllm-{model_dir.name}-{options.dtype}-c{cores}.json"
-    if path.is_file():
-        return load_profile(path), f"cached latency profile of vLLM {path}"
-    config = json.loads((model_dir / "config.json").read_text())
-    result = await profile_server(instance, HTTP_GRIDS["quick"], kv_bytes_per_token(config, options.dtype))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile_document(result), indent=2) + "\n")
-    errors = ", ".join(f"{k} {e.median_pct:.0f}%" for k, e in result.errors.items())
-    return result.model, (f"no --profile given: profiled vLLM instance 0 over HTTP (median fit error "
-                          f"{errors}); saved to {path}")
+    return ProfileSource(f"vllm-{model_dir.name}-{options.dtype}-c{cores}.json", measure,
+                         "latency profile of vLLM", "vLLM instance 0 over HTTP")

@@ -9,18 +9,16 @@ dtype, device and thread count, so later starts reuse it; the returned note says
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
+from typing import Any
 
-from tropical.calibration.store import load_profile
+from tropical.config import slo_spec
 from tropical.core.latency.fitted import FittedModel
-from tropical.core.latency.online import OnlineLatency
-from tropical.core.slo import SLOSpec
-from tropical.engine.loader import cache_root
-from tropical.sched.worker import worker_state
+from tropical.sched.fleet import worker_states
 from tropical.serve.iteration_log import IterationLog
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.options import ServeOptions, placements, policy_and_roles
+from tropical.serve.profiles import ProfileSource, choose_profile
 from tropical.serve.router import Router, RouterSettings
 from tropical.serve.workers.client import LocalBackend
 from tropical.serve.workers.handle import Backend, WorkerHandle
@@ -56,17 +54,17 @@ async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
         clients = backend.spawn([_launch_spec(options, i) for i in range(len(roles))],
                                 placements(options, roles))
         readies = await asyncio.gather(*(c.ready(options.start_timeout) for c in clients))
-        latency, note = await _profile(options, clients[0], readies[0])
+        source = _profile_source(options, clients[0], readies[0])
+        latency, note = await choose_profile(options.profile, source)
     except BaseException:
         for client in clients:
             client.stop()
         backend.close()
         raise
-    workers = [worker_state(r.worker_id, role, policy.rules(role), r.num_blocks, r.block_size,
-                            OnlineLatency(latency) if policy.learns_latency else latency)
-               for r, role in zip(readies, roles, strict=True)]
+    workers = worker_states(policy, roles, [(r.num_blocks, r.block_size) for r in readies],
+                            [latency] * len(roles))
     max_len = min(r.max_model_len for r in readies)
-    settings = RouterSettings(options.max_waiting, _slo(options), max_len)
+    settings = RouterSettings(options.max_waiting, slo_spec(options), max_len)
     log = IterationLog(options.iteration_log) if options.iteration_log else None
     router = Router(policy, workers, clients, readies[0].tokenizer, latency, settings, metrics,
                     iteration_log=log)
@@ -89,21 +87,13 @@ def _launch_spec(options: ServeOptions, worker_id: int) -> WorkerLaunch:
                         options.kv_tokens, options.block_size, options.max_model_len)
 
 
-def _slo(options: ServeOptions) -> SLOSpec:
-    return SLOSpec(options.slo_scale, options.slo_scale, options.slo_ttft_ms, options.slo_tpot_ms)
+def _profile_source(options: ServeOptions, client: WorkerHandle, ready: Ready) -> ProfileSource:
+    """Our engine's profile: cached per model, dtype, device and thread count; measured quickly
+    (seconds) by the first worker."""
 
+    async def measure() -> tuple[FittedModel, dict[str, Any]]:
+        document = await client.call(Profile("quick"))
+        return FittedModel.from_dict(document), document
 
-async def _profile(options: ServeOptions, client: WorkerHandle, ready: Ready) -> tuple[FittedModel, str]:
-    """The latency model from --profile, the cache, or a quick measurement now."""
-    if options.profile is not None:
-        return load_profile(options.profile), f"latency profile {options.profile}"
-    key = f"{ready.model_name}-{options.dtype}-{options.device}-t{options.threads}.json"
-    path = cache_root(None) / "profiles" / key
-    if path.is_file():
-        return load_profile(path), f"cached latency profile {path}"
-    data = await client.call(Profile("quick"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    errors = ", ".join(f"{k} {v['median_pct']:.0f}%" for k, v in data["fit_error"].items())
-    return FittedModel.from_dict(data), (f"no --profile given: profiled worker 0 quickly (median fit "
-                                         f"error {errors}); saved to {path}")
+    return ProfileSource(f"{ready.model_name}-{options.dtype}-{options.device}-t{options.threads}.json",
+                         measure, "latency profile", "worker 0 quickly")

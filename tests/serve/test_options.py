@@ -6,8 +6,9 @@ from dataclasses import fields
 
 import pytest
 
+from tests.factories import linear_model
 from tropical.cli import build_parser, serve_options
-from tropical.config import PolicyConfig, SimConfig
+from tropical.config import PolicyConfig, SimConfig, slo_spec
 from tropical.sched.rules import Role
 from tropical.sched.slack import SlackRule
 from tropical.serve.options import ServeOptions, policy_and_roles
@@ -54,3 +55,15 @@ def test_unset_flags_keep_the_servers_defaults():
 def test_bad_policy_flags_are_clear_errors(argv: list[str], message: str):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         _options(*argv)
+
+
+def test_the_servers_default_slo_carries_the_configured_tbt_scale():
+    spec = slo_spec(_options("--slo-scale", "3", "--tbt-scale", "2", "--slo-tpot-ms", "80"))
+    assert (spec.ttft_scale, spec.tpot_scale, spec.tbt_scale, spec.tpot_ms) == (3.0, 3.0, 2.0, 80.0)
+    assert spec.resolve(100, linear_model()).tbt == 2 * 0.080
+
+
+def test_sim_and_serve_build_the_same_default_slo_from_the_same_settings():
+    sim = SimConfig(ttft_scale=4.0, tpot_scale=4.0, tbt_scale=6.0, slo_ttft_ms=900.0)
+    serve = ServeOptions(slo_scale=4.0, tbt_scale=6.0, slo_ttft_ms=900.0)
+    assert slo_spec(sim) == slo_spec(serve)

@@ -1,0 +1,32 @@
+"""Every substrate builds its workers' states in one place: roles, rules, KV pools and predictors as
+given, corrected online exactly where the policy learns (or where the substrate says it must)."""
+
+from __future__ import annotations
+
+from tests.factories import linear_model
+from tropical.core.latency.online import OnlineLatency
+from tropical.sched.fleet import worker_states
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rules import Role
+from tropical.sched.tropical import ToggleParams
+
+
+def test_each_worker_gets_its_role_rules_pool_and_predictor():
+    policy = make_policy("tropical")
+    roles = [Role.PREFILL, Role.MULTIPLEX]
+    fast, slow = linear_model(), linear_model(prefill_per_token=2e-4)
+    states = worker_states(policy, roles, [(100, 16), (50, 32)], [fast, slow], prefix_cache=True)
+    assert [s.id for s in states] == [0, 1] and [s.role for s in states] == roles
+    assert [s.rules for s in states] == [policy.rules(r) for r in roles]
+    assert [(s.kv.capacity_blocks, s.kv.block_size) for s in states] == [(100, 16), (50, 32)]
+    assert all(s.kv.cache is not None for s in states)
+    assert [s.latency for s in states] == [fast, slow], "the toggle without correction predicts as given"
+
+
+def test_predictions_are_corrected_online_where_the_policy_learns_or_the_substrate_asks():
+    learning = make_policy("tropical", PolicyParams(toggle=ToggleParams(correct=True)))
+    [state] = worker_states(learning, [Role.MULTIPLEX], [(10, 16)], [linear_model()])
+    assert isinstance(state.latency, OnlineLatency) and state.kv.cache is None
+    [shadow] = worker_states(make_policy("colocated"), [Role.COLOCATED], [(10, 16)], [linear_model()],
+                             online=True)
+    assert isinstance(shadow.latency, OnlineLatency), "a vLLM shadow always learns its instance's speed"

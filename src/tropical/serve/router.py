@@ -1,12 +1,12 @@
-"""The router: asyncio, HTTP streams and worker handles around sched's ``Cluster``.
+"""The router: asyncio, HTTP streams and worker drivers around sched's ``Cluster``.
 
 The Cluster decides (the same one the simulator drives); the router carries out its effects on
-real worker processes. Each worker has a driver task: plan a step (``Cluster.plan``), send it with
-the request tokens (``sched.step``), book the sampled tokens (``Cluster.book``), stream them, then
-do what the booking asks: migrate KV, free KV, wake workers. Aborts are applied between the
-iterations of the worker holding the request. A worker that dies fails or re-runs its requests and
-leaves the policy's view; one its backend restarts (Ray) comes back with an empty KV cache
-(``revive``).
+real worker processes. Each worker's driver task runs its iterations as nano-vllm's engine runs its
+steps: schedule (``Cluster.plan``), execute (the worker runs the step), post-process (``Cluster.book``
+the sampled tokens, stream them, then do what the booking asks: migrate KV, free KV, wake workers).
+Aborts and migrated KV are applied between the iterations of the worker holding the request. A
+worker that dies fails or re-runs its requests and leaves the policy's view; one its backend
+restarts (Ray) comes back with an empty KV cache (``revive``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from tropical.core.latency.model import LatencyModel
@@ -28,11 +28,12 @@ from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrat
 from tropical.sched.policy import Policy
 from tropical.sched.step import TokenSequence, record_tokens, step_spec
 from tropical.sched.worker import WorkerState
+from tropical.serve.inflight import InFlight
 from tropical.serve.iteration_log import IterationLog, IterationRecord, MigrationRecord
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.streams import RequestHandle, Submission
+from tropical.serve.workers.driver import Landing, WorkerDriver
 from tropical.serve.workers.handle import WorkerDied, WorkerError, WorkerHandle
-from tropical.serve.workers.messages import Free as FreeKV
 from tropical.serve.workers.messages import Step, StepDone
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router does not
@@ -76,24 +77,25 @@ def check_capacity(draining: bool, running: bool, workers: Sequence[WorkerState]
                             f"(limit {settings.max_waiting}); retry later")
 
 
-@dataclass(slots=True)
-class Landing:
-    """A migration whose KV is staged on its source, waiting for its target's next boundary;
-    ``done`` releases the staged copy once the target has imported it (or failed to)."""
+def refusal(effects: list[Effect]) -> str | None:
+    """Why the cluster refused an arriving request, if it did."""
+    return next((e.reason for e in effects if isinstance(e, Fail)), None)
 
-    move: Migrate
-    blob: object
-    staged: float
-    exported: float
-    done: asyncio.Future
 
-    def release(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    """An iteration planned on ``worker``: its batch, the step the worker runs for it, when it
+    started and how long the policy expects it to take."""
+
+    worker: WorkerState
+    batch: Batch
+    step: Step
+    start: float
+    predicted: float
 
 
 class Router:
-    """The Cluster, the worker processes it runs on, and the streams of the requests in flight."""
+    """The Cluster, the drivers of the workers it runs on, and the requests in flight."""
 
     def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerHandle],
                  tokenizer: Tokenizer, reference: LatencyModel,
@@ -102,21 +104,15 @@ class Router:
                  iteration_log: IterationLog | None = None) -> None:
         self.cluster = Cluster(workers, policy, settings.max_context)
         self.clients = list(clients)
-        self.eos = frozenset(tokenizer.eos_token_ids)
+        self.drivers = [WorkerDriver(i, client) for i, client in enumerate(self.clients)]
+        self.inflight = InFlight(tokenizer, metrics, clock)
         self.tokenizer = tokenizer
         self.reference = reference
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
         self.iteration_log = iteration_log
-        self.handles: dict[int, RequestHandle] = {}
-        self.sequences: dict[int, TokenSequence] = {}
         self._ids = itertools.count()
-        self._aborts: list[set[int]] = [set() for _ in self.workers]
-        self._frees: list[list[int]] = [[] for _ in self.workers]
-        self._wakeups = [asyncio.Event() for _ in self.workers]
-        self._landings: list[list[Landing]] = [[] for _ in self.workers]
-        self._tasks: list[asyncio.Task] = []
         self.draining = False
         for client in self.clients:
             client.on_death = self._worker_died
@@ -126,45 +122,52 @@ class Router:
     def workers(self) -> list[WorkerState]:
         return self.cluster.workers
 
+    @property
+    def handles(self) -> dict[int, RequestHandle]:
+        return self.inflight.handles
+
+    @property
+    def sequences(self) -> dict[int, TokenSequence]:
+        return self.inflight.sequences
+
     def start(self) -> None:
-        self._tasks = [self._driver(w.id) for w in self.workers]
+        for driver in self.drivers:
+            driver.run(self._drive(driver))
         for worker in self.workers:
             self._report(worker)
 
-    def _driver(self, worker_id: int) -> asyncio.Task:
-        return asyncio.create_task(self._drive(worker_id), name=f"drive-{worker_id}")
-
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [d.task for d in self.drivers if d.task is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def slo_of(self, submission: Submission) -> SLO:
         return submission.slo(self.settings.slo, self.reference)
 
     def submit(self, submission: Submission) -> RequestHandle:
         """Admit a request and let the policy place its prefill; raises Rejected."""
-        self._check_capacity()
+        check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
+                       self.metrics, "no worker is running")
         now = self.clock()
         req = Request(next(self._ids), now, len(submission.prompt_ids), submission.max_tokens,
                       self.slo_of(submission))
         effects = self.cluster.arrive(req, now)
-        refused = next((e.reason for e in effects if isinstance(e, Fail)), None)
+        refused = refusal(effects)
         if refused is not None:
             raise Rejected(503 if refused.startswith(NO_LIVE_WORKER) else 400, refused)
-        handle = RequestHandle.of(req, submission, self.tokenizer)
-        self.handles[req.id] = handle
-        self._track(req, submission)
+        handle = self.inflight.open(req, submission)
         self._carry_out(effects)
         return handle
 
-    def _track(self, req: Request, submission: Submission) -> None:
-        self.sequences[req.id] = TokenSequence(req, list(submission.prompt_ids), submission.params,
-                                               submission.ignore_eos)
+    def abort(self, rid: int) -> None:
+        """The client went away: stop generating and free the request's KV at the next boundary."""
+        if self.inflight.leave(rid):
+            self._abort_on(self.cluster.where(rid), rid)
 
-    def _check_capacity(self) -> None:
-        check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
-                       self.metrics, "no worker is running")
+    def _abort_on(self, worker_id: int | None, rid: int) -> None:
+        if worker_id is not None:
+            self.drivers[worker_id].abort(rid)
 
     def _carry_out(self, effects: list[Effect]) -> None:
         """Do what the cluster asks, on the worker processes and the streams."""
@@ -172,163 +175,134 @@ class Router:
             if isinstance(effect, Assigned):
                 self.metrics.record_path(effect.request.path.value)
             elif isinstance(effect, Wake):
-                self._wakeups[effect.worker_id].set()
+                self.drivers[effect.worker_id].wake()
             elif isinstance(effect, Migrate):
                 asyncio.create_task(self._migrate(effect))
             elif isinstance(effect, Free):
-                self._frees[effect.worker_id].append(effect.request_id)
+                self.drivers[effect.worker_id].free(effect.request_id)
             elif isinstance(effect, Fail):
-                self._fail(effect.request, effect.reason)
+                self.inflight.fail(effect.request, effect.reason)
 
-    def abort(self, rid: int) -> None:
-        """The client went away: stop generating and free the request's KV at the next boundary."""
-        handle = self.handles.pop(rid, None)
-        if handle is None:
-            return
-        handle.ended = True
-        self.metrics.record_request("aborted")
-        self._abort_on(self.cluster.where(rid), rid)
-
-    def _abort_on(self, worker_id: int | None, rid: int) -> None:
-        if worker_id is not None:
-            self._aborts[worker_id].add(rid)
-            self._wakeups[worker_id].set()
-
-    def _apply_aborts(self, worker_id: int) -> None:
-        """Drop aborted requests held here (between iterations); one that moved since is dropped
-        between the iterations of the worker it moved to."""
-        aborts, self._aborts[worker_id] = self._aborts[worker_id], set()
-        for rid in aborts:
-            at = self.cluster.where(rid)
-            if at != worker_id:
-                self._abort_on(at, rid)
-                continue
-            self.sequences.pop(rid, None)
-            self._carry_out(self.cluster.abort(rid, self.clock()))
-
-    async def _drive(self, worker_id: int) -> None:
+    async def _drive(self, driver: WorkerDriver) -> None:
         """Run this worker's iterations back to back while it has work; sleep otherwise. A bug in
         a step must not end the driver silently (every later request would hang): it fails the
         worker's requests, which leaves its state clean, and the driver goes on."""
-        wakeup, client = self._wakeups[worker_id], self.clients[worker_id]
-        while client.alive:
-            await wakeup.wait()
-            wakeup.clear()
+        while driver.client.alive:
+            await driver.wakeup.wait()
+            driver.wakeup.clear()
             try:
-                while client.alive and await self._step(worker_id):
+                while driver.client.alive and await self._step(driver):
                     pass
             except Exception as exc:  # noqa: BLE001 - logged, and the worker's requests hear of it
-                log.exception("worker %d's driver failed; failing its requests", worker_id)
-                self._fail_requests([r.id for r in self.cluster.on_worker(worker_id)],
-                                    f"internal error on worker {worker_id}: {exc!r}")
+                log.exception("worker %d's driver failed; failing its requests", driver.worker_id)
+                self._fail_requests([r.id for r in self.cluster.on_worker(driver.worker_id)],
+                                    f"internal error on worker {driver.worker_id}: {exc!r}")
 
-    async def _step(self, worker_id: int) -> bool:
-        """One iteration; False when the worker has nothing to run."""
-        self._apply_aborts(worker_id)
-        await self._land(worker_id)
-        worker = self.workers[worker_id]
-        start = self.clock()
-        batch = self.cluster.plan(worker_id, start)
-        frees, self._frees[worker_id] = self._frees[worker_id], []
-        if batch is None:
-            if frees:
-                await self._call(worker_id, FreeKV(frees))
-            self._report(worker)
+    async def _step(self, driver: WorkerDriver) -> bool:
+        """One iteration: schedule, execute, post-process; False when the worker has nothing to run."""
+        await self._between_iterations(driver)
+        iteration = self._schedule(driver)
+        if iteration is None:
+            await self._idle(driver)
             return False
-        spec = step_spec(batch, worker.running, self.sequences)
-        predicted = worker.latency.iteration_time(batch.shape)
-        self.cluster.expect_end(worker_id, start + predicted)
         try:
-            done: StepDone = await self.clients[worker_id].call(Step(spec, frees))
+            done = await driver.step(iteration.step)
         except WorkerDied:
-            return False
+            return False  # its requests run again or fail: see _worker_died
         except WorkerError as exc:
-            self.cluster.expect_end(worker_id, self.clock())
-            self._fail_requests([cast(int, span.seq_id) for span in spec.spans],   # keyed by request id
-                                f"the step running this request failed: {exc}")
+            self._step_failed(iteration, exc)
             return True
+        await self._postprocess(iteration, done)
+        return True
+
+    async def _between_iterations(self, driver: WorkerDriver) -> None:
+        """Drop the requests aborted here, then import the KV migrated here."""
+        for rid in driver.take_aborts():
+            at = self.cluster.where(rid)
+            if at != driver.worker_id:  # it moved since: drop it between its new worker's iterations
+                self._abort_on(at, rid)
+                continue
+            self.inflight.forget(rid)
+            self._carry_out(self.cluster.abort(rid, self.clock()))
+        await self._land(driver)
+
+    def _schedule(self, driver: WorkerDriver) -> Iteration | None:
+        """The worker's next iteration, as the Cluster plans it (None: nothing to run), with the
+        KV frees queued for it."""
+        worker = self.cluster.workers[driver.worker_id]
+        start = self.clock()
+        batch = self.cluster.plan(driver.worker_id, start)
+        if batch is None:
+            return None
+        spec = step_spec(batch, worker.running, self.inflight.sequences)
+        predicted = worker.latency.iteration_time(batch.shape)
+        self.cluster.expect_end(driver.worker_id, start + predicted)
+        return Iteration(worker, batch, Step(spec, driver.take_frees()), start, predicted)
+
+    async def _idle(self, driver: WorkerDriver) -> None:
+        """Nothing to run: free the KV queued for the worker now, and show it idle."""
+        worker = self.workers[driver.worker_id]
+        frees = driver.take_frees()
+        if frees:
+            await driver.free_now(frees)
+        self._report(worker)
+
+    def _step_failed(self, iteration: Iteration, exc: WorkerError) -> None:
+        """The worker could not run the step: its requests fail (500), the worker serves on."""
+        self.cluster.expect_end(iteration.worker.id, self.clock())
+        self._fail_requests([cast(int, span.seq_id) for span in iteration.step.spec.spans],  # request ids
+                            f"the step running this request failed: {exc}")
+
+    async def _postprocess(self, iteration: Iteration, done: StepDone) -> None:
+        """Book the sampled tokens, stream them, and do what the booking asks."""
+        worker = iteration.worker
         end = self.clock()
-        eos = record_tokens(done.tokens, self.sequences, self.eos)
-        booking = self.cluster.book(worker_id, batch, end, eos=eos)
-        self._stream(worker_id, done.tokens, booking.finished)
+        eos = record_tokens(done.tokens, self.inflight.sequences, self.inflight.eos)
+        booking = self.cluster.book(worker.id, iteration.batch, end, eos=eos)
+        for rid in self.inflight.stream(done.tokens, booking.finished):
+            self._abort_on(worker.id, rid)  # a stop string ended it: drop it at the next boundary
         self._carry_out(booking.effects)
         self._report(worker)
-        self._record_iteration(worker_id, batch, start, done.seconds, predicted)
+        self._record_iteration(iteration, done.seconds)
         if any(isinstance(e, Migrate) for e in booking.effects):
             # Let the migrations just started send their exports now, so they run at this boundary
             # instead of waiting behind the worker's next iteration (the simulator moves KV at once).
             await asyncio.sleep(0)
-        return True
 
-    def _record_iteration(self, worker_id: int, batch: Batch, start: float, compute: float,
-                          predicted: float) -> None:
+    def _record_iteration(self, iteration: Iteration, compute: float) -> None:
         """An iteration's times into /metrics, and into the iteration log when there is one."""
-        wall = self.clock() - start
-        self.metrics.record_iteration(worker_id, wall, compute, predicted)
+        worker_id, batch = iteration.worker.id, iteration.batch
+        wall = self.clock() - iteration.start
+        self.metrics.record_iteration(worker_id, wall, compute, iteration.predicted)
         self.metrics.record_prefill_chunks(sum(c + n < r.prompt_len for r, n, c in batch.prefills))
         if self.iteration_log is not None:
-            self.iteration_log.write(IterationRecord(worker_id, start, batch.shape, wall, compute, predicted))
-
-    async def _call(self, worker_id: int, command: object) -> object | None:
-        """A command to a worker; None if the worker died (its requests are failed elsewhere)."""
-        try:
-            return await self.clients[worker_id].call(command)
-        except WorkerDied:
-            return None
-
-    def _stream(self, worker_id: int, tokens: dict[int, int], finished: list[tuple[Request, str]]) -> None:
-        """Send the step's tokens; end the streams of requests that finished or hit a stop string."""
-        for rid, token in tokens.items():
-            handle = self.handles.get(rid)
-            if handle is not None and handle.emit([token]):
-                self._finish(handle, "stop")
-                self._abort_on(worker_id, rid)
-        for req, reason in finished:
-            self.sequences.pop(req.id, None)
-            handle = self.handles.get(req.id)
-            if handle is not None:
-                self._finish(handle, "stop" if reason == "eos" else "length")
-
-    def _finish(self, handle: RequestHandle, reason: str) -> None:
-        """End the stream and record the request's latencies as it really ran: a stop (string or
-        eos) ends it before ``output_len``, which the scheduler's copy must keep until dropped."""
-        req = self.handles.pop(handle.req.id).req
-        tokens = max(1, handle.completion_tokens)
-        finish = req.finish if req.finish is not None else self.clock()
-        handle.end(reason)
-        self.metrics.observe_finished(replace(req, output_len=tokens, generated=tokens, finish=finish))
-        self.metrics.record_request("finished")
+            self.iteration_log.write(IterationRecord(worker_id, iteration.start, batch.shape, wall, compute,
+                                                     iteration.predicted))
 
     async def _migrate(self, move: Migrate) -> None:
-        """Stage a prefilled request's KV on its source and hand it to the target's driver, which
-        imports it at its next boundary; the staged copy lives until then."""
-        req, source, target = move.request, move.source, move.target
-        start = self.clock()
+        """Stage a prefilled request's KV on its source for the target's driver, which imports it
+        at its next boundary."""
         try:
-            async with self.clients[source].exported(req.id, req.prompt_len) as blob:
-                landing = Landing(move, blob, start, self.clock(), asyncio.get_running_loop().create_future())
-                self._landings[target].append(landing)
-                self._wakeups[target].set()
-                await landing.done
+            await self.drivers[move.source].export(move, self.drivers[move.target], self.clock)
         except (WorkerDied, WorkerError) as exc:
-            self._carry_out(self.cluster.migration_failed(req, source, target, f"KV migration failed: {exc}"))
+            self._carry_out(self.cluster.migration_failed(move.request, move.source, move.target,
+                                                          f"KV migration failed: {exc}"))
 
-    async def _land(self, worker_id: int) -> None:
+    async def _land(self, driver: WorkerDriver) -> None:
         """Import the KV staged for this worker before planning its next iteration, so a migrated
         request joins that iteration: a worker runs one command at a time, so an import sent while
         it computes would run only after the next step had been planned without the request.
         A migration's time is its export plus its import, not the wait for this boundary."""
-        landings, self._landings[worker_id] = self._landings[worker_id], []
-        for landing in landings:
+        for landing in driver.take_landings():
             req, source = landing.move.request, landing.move.source
             begin = self.clock()
             try:
-                await self.clients[worker_id].import_kv(req.id, landing.blob, req.prompt_len)
+                await driver.land(landing)
             except (WorkerDied, WorkerError) as exc:
                 self._migration_failed(landing, f"KV migration failed: {exc}")
             else:
                 self._record_migration(landing, begin, self.clock())
-                self._carry_out(self.cluster.migrated(req, source, worker_id))
+                self._carry_out(self.cluster.migrated(req, source, driver.worker_id))
             finally:
                 landing.release()
 
@@ -350,60 +324,34 @@ class Router:
         """Between iterations: end ``rids`` with an internal error (500) and drop them from the
         cluster, which frees their KV and wakes what waited for it; every other request goes on."""
         for rid in rids:
-            handle = self.handles.get(rid)
-            self.sequences.pop(rid, None)
+            handle = self.inflight.handles.get(rid)
+            self.inflight.forget(rid)
             self._carry_out(self.cluster.abort(rid, self.clock()))
             if handle is not None:
-                self._end_with_error(handle, reason, 500)
-
-    def _fail(self, req: Request, reason: str) -> None:
-        """End ``req``'s stream with ``reason`` (unless it ended, or was re-run as a new request):
-        the cluster has dropped it, so the server could not serve it (503)."""
-        handle = self.handles.get(req.id)
-        if handle is None or handle.req is not req:
-            return
-        self.sequences.pop(req.id, None)
-        self._end_with_error(handle, reason, 503)
-
-    def _end_with_error(self, handle: RequestHandle, reason: str, status: int) -> None:
-        """End a stream with an error event mapped to ``status`` (503: the server could not serve
-        it now; 500: an internal failure); the cluster's copy is the caller's business."""
-        del self.handles[handle.req.id]
-        handle.req.fail(self.clock(), reason)
-        handle.end(error=reason, status=status)
-        self.metrics.record_request("failed")
+                self.inflight.end_with_error(handle, reason, 500)
 
     def _worker_died(self, worker_id: int) -> None:
         """Take the dead worker out of the policy's view and keep serving: requests that have
         streamed nothing yet start over elsewhere (unless they asked not to), the rest end with a
         clear error."""
         lost, effects = self.cluster.worker_died(worker_id, self.clock())
-        landings, self._landings[worker_id] = self._landings[worker_id], []
-        for landing in landings:
+        for landing in self.drivers[worker_id].take_landings():
             self._migration_failed(landing, f"KV migration failed: worker {worker_id} died")
         for req in lost:
-            handle = self.handles.get(req.id)
-            if handle is not None and handle.completion_tokens == 0 and handle.submission.retry:
+            handle = self.inflight.lost(req, worker_id)
+            if handle is not None:
                 self._rerun(handle)
-            elif handle is not None:
-                self._fail(req, self._death_note(worker_id, handle))
         self.metrics.set_worker(worker_id, self.workers[worker_id].role.value, 0, 0, 0.0, alive=False,
                                 node=self.clients[worker_id].node)
         self._carry_out(effects)
 
-    def _death_note(self, worker_id: int, handle: RequestHandle) -> str:
-        why = (f"after this request had generated {handle.completion_tokens} tokens (a request "
-               f"runs again elsewhere only before its first token)" if handle.completion_tokens
-               else "and this request asked not to be retried")
-        return f"worker {worker_id} died {why}"
-
     def revive(self, worker_id: int) -> None:
         """A restarted worker serves again: a fresh state (empty KV pool) with the old role, rules,
-        latency and cache size, and a new driver in place of the dead one's."""
+        latency and cache size, and a new driver task in place of the dead one's."""
         effects = self.cluster.worker_revived(worker_id, self.clock())
-        self._aborts[worker_id], self._frees[worker_id] = set(), []
-        self._tasks[worker_id].cancel()
-        self._tasks[worker_id] = self._driver(worker_id)
+        driver = self.drivers[worker_id]
+        driver.forget()
+        driver.run(self._drive(driver))
         self.metrics.record_revival(worker_id)
         self._report(self.workers[worker_id])
         self._carry_out(effects)
@@ -414,11 +362,11 @@ class Router:
         req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo)
         handle.req = req
         effects = self.cluster.arrive(req, self.clock())
-        refused = next((e.reason for e in effects if isinstance(e, Fail)), None)
+        refused = refusal(effects)
         if refused is not None:
-            self._fail(req, f"its worker died and no live worker can run it: {refused}")
+            self.inflight.fail(req, f"its worker died and no live worker can run it: {refused}")
             return
-        self._track(req, sub)
+        self.inflight.track(req, sub)
         self.metrics.record_request("rerun")
         self._carry_out(effects)
 
@@ -442,6 +390,6 @@ class Router:
         while self.handles and self.clock() < deadline:
             await asyncio.sleep(0.05)
         for handle in list(self.handles.values()):
-            self._end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
-                                         "request finished", 503)
+            self.inflight.end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
+                                                 "request finished", 503)
             self._abort_on(self.cluster.where(handle.req.id), handle.req.id)

@@ -75,9 +75,9 @@ def capacities(rep: Reproduction, path: Path) -> Path:
                  {p: (c.capacity_rps, c.stream_capacity_rps) for p, c in rep.capacity.items()},
                  rep.bound.rate_rps)]
     if rep.paper is not None:
-        (variant, caps), = rep.paper.capacity.items()
+        (variant, plain), = rep.paper.capacity.items()
         settings.append(("no prefix cache (the paper's setting)",
-                         {p: (c, rep.paper.stream[variant][p]) for p, c in caps.items()},
+                         {p: (c, rep.paper.stream[variant][p]) for p, c in plain.items()},
                          rep.paper.bound[variant]))
     fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4.5), sharey=True, squeeze=False)
     for ax, (title, caps, bound) in zip(axes[0], settings, strict=True):

@@ -58,7 +58,9 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
                     "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall", "Prefix caching",
                     "The paper's setting: no prefix cache", "cache-blind Path 1 dispatch",
-                    "**Reuse.**", "work bound at its own reuse"):
+                    "**Reuse.**", "work bound at its own reuse",
+                    "*x0.25*: lengths scaled by 0.25: the trace's prefix blocks no longer describe",
+                    "*azure-code*: trace azure-code records no prefix hashes"):
         assert heading in report
     assert (out / "attainment_vs_rate.png").read_bytes()[:4] == b"\x89PNG"
 

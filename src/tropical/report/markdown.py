@@ -158,7 +158,8 @@ def study_section(study: Study) -> str:
             "could reach over the row's best baseline without deferring work; the pooled bound's, "
             "the most an ideal cluster reaches with the trace's bursts kept.\n\n"
             + _table([study.title, "work bound (most vs best baseline)",
-                      "pooled bound (most vs best baseline)", *policies], rows) + "\n")
+                      "pooled bound (most vs best baseline)", *policies], rows) + "\n"
+            + "".join(f"\n*{variant}*: {note}.\n" for variant, note in study.notes.items()))
 
 
 def analysis_section(rep: Reproduction) -> str:

@@ -24,7 +24,7 @@ from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
-from tropical.sim.run import Experiment, SimResult, request_slos
+from tropical.sim.run import Experiment, SimResult, prefix_note, request_slos
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
 from tropical.workload.transform import scale_lengths
@@ -64,13 +64,15 @@ SHORT_PROMPTS = 0.25
 class Study:
     """Capacities (req/s) of some policies under named variants of one setting, under the
     paper's attainment (``capacity``) and stream attainment (``stream``), and each variant's
-    work bound (``bound``) and pooled bound (``pooled``), in req/s."""
+    work bound (``bound``) and pooled bound (``pooled``), in req/s; ``notes`` says why a
+    variant's prompts reuse no cached prefix (see ``prefix_note``)."""
 
     title: str
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
     stream: dict[str, dict[str, float]] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     pooled: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def ratios(self, stream: bool = False) -> dict[str, dict[str, float]]:
         """Each policy's capacity over the best baseline's in the same variant."""
@@ -347,8 +349,11 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
         study = studies.setdefault(title, Study(title))
         study.add(variant, policy, cap)
         if variant not in study.bound:
-            cluster = PooledCluster.of(jobs[(title, variant, policy)])
+            exp = jobs[(title, variant, policy)]
+            cluster = PooledCluster.of(exp)
             study.bound[variant], study.pooled[variant] = cluster.bound.rate_rps, cluster.capacity()
+            if exp.prefix_cache and (note := prefix_note(exp)):
+                study.notes[variant] = note
     reference = f"±{0:.0%}"
     _share_baselines(studies["ablation"], studies["predictor noise"], reference, fixed)
     _share_baselines(studies["predictor noise"], studies["predictor noise"], reference, fixed)

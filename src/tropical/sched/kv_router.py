@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from tropical.core.request import PrefillPath, Request
-from tropical.sched.baselines import split_roles
+from tropical.sched.baselines import ColocatedPolicy, split_roles
 from tropical.sched.dispatch import fewest_unfinished
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
@@ -44,21 +44,13 @@ def lowest_cost(req: Request, workers: Iterable[WorkerState], weight: float) -> 
     return min(live, key=lambda w: (kv_cost(req, w, weight), w.id)) if live else None
 
 
-class KVRouterPolicy(Policy):
+class KVRouterPolicy(ColocatedPolicy):
     """Colocated chunked-prefill workers behind Dynamo's KV router."""
 
     def __init__(self, chunk_budget: int = 512, max_seqs: int = 256, weight: float = OVERLAP_WEIGHT,
                  name: str = "kv-router") -> None:
-        self.name = name
+        super().__init__(chunk_budget, chunked=True, chunk_budget=chunk_budget, max_seqs=max_seqs, name=name)
         self.weight = weight
-        self._rules = BatchRules(prefill_first=False, chunked=True, token_budget=chunk_budget,
-                                 max_seqs=max_seqs)
-
-    def roles(self, num_workers: int) -> list[Role]:
-        return [Role.COLOCATED] * num_workers
-
-    def rules(self, role: Role) -> BatchRules:
-        return self._rules
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:

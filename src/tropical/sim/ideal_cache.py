@@ -5,7 +5,9 @@ that an earlier request computed, and its hit is that run, at most all of its wh
 but the one holding its last token (as a worker's cache counts it). Unbounded, every reusable
 prefix hits: no cache can reuse more. Bounded to the cluster's KV, blocks are evicted furthest
 next use first (Belady's choice): a cache of that size under any policy of eviction would hit
-about as much at most (the KV that running requests hold is not counted against it).
+about as much at most (the KV that running requests hold is not counted against it); or least
+recently used first, as the engines' caches evict, for what such a cache reaches without
+knowing the future.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from collections.abc import Sequence
 
 from tropical.workload.trace import PREFIX_BLOCK_TOKENS, TraceEntry
 
+FURTHEST, LRU = "furthest next use", "least recently used"
 
-def ideal_hits(entries: Sequence[TraceEntry], block_size: int,
-               capacity_tokens: int | None = None) -> list[int]:
+
+def ideal_hits(entries: Sequence[TraceEntry], block_size: int, capacity_tokens: int | None = None,
+               eviction: str = FURTHEST) -> list[int]:
     """Each entry's cached prompt tokens on one cluster-wide cache (unbounded when
-    ``capacity_tokens`` is None)."""
+    ``capacity_tokens`` is None), evicting by ``eviction``."""
     following = _next_uses(entries)
     cached: dict[int, int] = {}
     due: dict[int, float] = {}
@@ -33,7 +37,7 @@ def ideal_hits(entries: Sequence[TraceEntry], block_size: int,
             if key not in cached:
                 cached[key] = tokens - tokens % block_size
                 size += cached[key]
-            due[key] = following[i][j]
+            due[key] = following[i][j] if eviction == FURTHEST else -i
             heapq.heappush(horizon, (-due[key], key))
         while capacity_tokens is not None and size > capacity_tokens:
             when, key = heapq.heappop(horizon)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tropical.core.capacity import find_capacity
 from tropical.core.slo import SLO
 from tropical.sim.bound import Work, WorkBound, bound_from, cluster_works
-from tropical.sim.ideal_cache import ideal_hits
+from tropical.sim.ideal_cache import FURTHEST, ideal_hits
 from tropical.sim.run import Experiment, request_slos
 
 
@@ -57,13 +57,13 @@ def deadline_attainment(jobs: Sequence[tuple[float, float, float]], speed: float
     return met / len(order)
 
 
-def cache_hits(exp: Experiment, kv_limited: bool = False) -> list[int] | None:
+def cache_hits(exp: Experiment, kv_limited: bool = False, eviction: str = FURTHEST) -> list[int] | None:
     """Each request's prompt tokens an ideal cluster-wide cache holds (None: the cache is off)."""
     if not exp.prefix_cache:
         return None
     cluster = exp.cluster
     size = sum(w.kv_capacity_tokens for w in cluster.workers) if kv_limited else None
-    return ideal_hits(exp.trace.entries, cluster.block_size, size)
+    return ideal_hits(exp.trace.entries, cluster.block_size, size, eviction)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from tropical.core.slo import SLOSpec
 from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
+from tropical.sim.ideal_cache import FURTHEST, LRU
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
 from tropical.sim.run import Experiment, SimResult, prefix_note, request_slos
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
@@ -259,11 +260,13 @@ def bound_at_reuse(run: SimResult) -> float:
 
 
 def ideal_hit_rates(base: Experiment) -> dict[str, float]:
-    """The trace's prompt tokens one ideal cluster-wide cache holds: unbounded ("infinite") and
-    the size of the cluster's KV ("kv")."""
+    """The trace's prompt tokens one cluster-wide cache holds: unbounded ("infinite"), and the
+    size of the cluster's KV evicting furthest next use first ("kv") or least recently used
+    first ("kv_lru")."""
     prompt = sum(e.input_len for e in base.trace.entries)
-    return {name: sum(cache_hits(base, limited) or ()) / prompt
-            for name, limited in (("infinite", False), ("kv", True))}
+    return {name: sum(cache_hits(base, limited, eviction) or ()) / prompt
+            for name, limited, eviction in (("infinite", False, FURTHEST), ("kv", True, FURTHEST),
+                                            ("kv_lru", True, LRU))}
 
 
 PAPER_SETTING = "no prefix cache"

@@ -23,7 +23,7 @@ from tropical.sched.worker import WorkerState
 
 OVERLAP_WEIGHT = 64.0
 """The weight of prefill blocks against active blocks, as users tune it (Dynamo's default is 1;
-the strongest of 1, 4, 16 and 64 on the conversation trace is 64: see the README)."""
+on the conversation trace 64 is the strongest of 1 to 256: see the README's settings)."""
 LOCAL_PREFILL_LIMIT = 1000
 """Tokens a decode worker may prefill itself under conditional disaggregation (Dynamo's
 ``max_local_prefill_length`` default)."""

@@ -206,6 +206,8 @@ def assert_consistent(worker: WorkerState, live: dict[int, Request]) -> None:
     assert kv.used_blocks == (sum(worker.holds.values())
                               + sum(e.blocks for e in cache.entries.values() if e.refs))
     assert kv.used_blocks + cache.free_blocks <= kv.capacity_blocks
+    assert all(cache.held_tokens(live[rid]) == sum(cache.entries[k].blocks for k in held) * kv.block_size
+               for rid, held in cache.refs.items())
     for rid, blocks in worker.holds.items():
         assert blocks * kv.block_size + cache.held_tokens(live[rid]) >= worker.kv_tokens_needed(live[rid])
 

@@ -57,10 +57,11 @@ class Pending:
         """These prompts and ``req``, bound for ``worker``, with ``left`` of its prompt tokens
         still to compute (default: all it has not computed yet, or has not cached there)."""
         if left is None:
-            left, cached = worker.prompt_split(req)
+            left, cached, reserve = worker.prompt_and_kv(req)
         else:
-            cached = req.prompt_len - left
-        reserve = 0 if req.id in worker.holds else worker.kv_to_reserve(req)
+            cached, reserve = req.prompt_len - left, worker.kv_to_reserve(req)
+        if req.id in worker.holds:
+            reserve = 0
         return Pending(self.count + 1, self.tokens + left, self.kv_new + reserve,
                        self.peak + req.kv_tokens, self.pairs + attention_pairs(left, cached),
                        self.cached + cached)

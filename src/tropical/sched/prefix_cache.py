@@ -14,7 +14,6 @@ cache which blocks a request shares and which it may evict.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
@@ -32,13 +31,15 @@ class CachedBlock:
 class PrefixCache:
     """The prefix blocks one worker holds, who references them, and the eviction order of the
     unreferenced ones. ``free_blocks`` counts the KV blocks of unreferenced cached prefix blocks
-    (free KV that still serves hits); ``version`` changes whenever a key enters or leaves, so
-    that lookups may be kept until it does."""
+    (free KV that still serves hits); ``held`` the KV blocks each request here references;
+    ``version`` changes whenever a key enters or leaves, so that lookups may be kept until it
+    does."""
 
     block_size: int
     entries: dict[int, CachedBlock] = field(default_factory=dict)
     lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
     refs: dict[int, list[int]] = field(default_factory=dict)
+    held: dict[int, int] = field(default_factory=dict)
     free_blocks: int = 0
     version: int = 0
     _hits: dict[int, int] = field(default_factory=dict)
@@ -50,7 +51,7 @@ class PrefixCache:
 
     def held_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req``'s KV here that are cached blocks it references."""
-        return sum(self.entries[key].blocks for key in self.refs.get(req.id, ())) * self.block_size
+        return self.held.get(req.id, 0) * self.block_size
 
     def lookup(self, req: Request) -> int:
         """Prompt tokens of ``req`` cached here as a run of blocks from its first (kept per
@@ -59,40 +60,48 @@ class PrefixCache:
             self._hits, self._hits_version = {}, self.version
         hit = self._hits.get(req.id)
         if hit is None:
-            hit = self._hits[req.id] = self._run(req) * self.block_size
+            hit = self._hits[req.id] = self._run(req, 0, False) * self.block_size
         return hit
-
-    def _run(self, req: Request) -> int:
-        """KV blocks of the cached run of ``req``'s prefix blocks from the first."""
-        return sum(entry.blocks for _, entry in self._cached_run(req, 0))
-
-    def _cached_run(self, req: Request, start: int) -> Iterator[tuple[int, CachedBlock]]:
-        """``req``'s prefix blocks from ``start`` on while each is cached (a partial block,
-        its prompt's last, ends the run)."""
-        for key in req.prefix[start:]:
-            entry = self.entries.get(key)
-            if entry is None:
-                return
-            yield key, entry
-            if entry.blocks * self.block_size < req.prefix_block:
-                return
 
     def unreferenced_run(self, req: Request) -> int:
         """KV blocks of ``req``'s cached run that no request references (referencing them
         makes them used)."""
-        return sum(entry.blocks for _, entry in self._cached_run(req, 0) if entry.refs == 0)
+        return self._run(req, 0, True)
+
+    def _run(self, req: Request, start: int, unreferenced: bool) -> int:
+        """KV blocks of ``req``'s cached run of prefix blocks from ``start`` (only those nobody
+        references, with ``unreferenced``); a partial block, its prompt's last, ends the run."""
+        blocks = 0
+        whole = req.prefix_block // self.block_size
+        for key in req.prefix[start:]:
+            entry = self.entries.get(key)
+            if entry is None:
+                break
+            if not unreferenced or entry.refs == 0:
+                blocks += entry.blocks
+            if entry.blocks < whole:
+                break
+        return blocks
 
     def pin(self, req: Request) -> int:
         """Reference ``req``'s cached run for as long as it stays here; returns the KV blocks
         that were free (unreferenced) and are now used."""
         keys = self.refs.setdefault(req.id, [])
+        whole = req.prefix_block // self.block_size
         revived = 0
-        for key, entry in list(self._cached_run(req, len(keys))):
-            revived += self._reference(key, entry)
+        for key in req.prefix[len(keys):]:
+            entry = self.entries.get(key)
+            if entry is None:
+                break
+            revived += self._reference(req, key, entry)
             keys.append(key)
+            if entry.blocks < whole:
+                break
         return revived
 
-    def _reference(self, key: int, entry: CachedBlock) -> int:
+    def _reference(self, req: Request, key: int, entry: CachedBlock) -> int:
+        """``req`` references ``entry``; returns its blocks if nobody did (now used, not free)."""
+        self.held[req.id] = self.held.get(req.id, 0) + entry.blocks
         entry.refs += 1
         if entry.refs > 1:
             return 0
@@ -106,23 +115,30 @@ class PrefixCache:
         computed it meanwhile) is shared, and ``req``'s own copy freed. Returns, in KV blocks:
         ``req``'s own blocks now in the cache's care, those of them freed as copies, and cached
         blocks that were free and are now used (referenced again)."""
-        keys = self.refs.setdefault(req.id, [])
+        keys = self.refs.get(req.id)
+        i = 0 if keys is None else len(keys)
+        if i >= len(req.prefix) or (i + 1) * req.prefix_block > tokens < req.prompt_len:
+            return 0, 0, 0                   # the next block is not whole yet (most chunks)
+        if keys is None:
+            keys = self.refs[req.id] = []
         moved = copies = revived = 0
-        while len(keys) < len(req.prefix):
-            i = len(keys)
-            blocks = self.blocks_of(req, i)
+        whole = req.prefix_block // self.block_size
+        while i < len(req.prefix):
+            blocks = whole if (i + 1) * req.prefix_block <= req.prompt_len else self.blocks_of(req, i)
             if blocks == 0 or i * req.prefix_block + blocks * self.block_size > tokens:
                 break
             key = req.prefix[i]
             entry = self.entries.get(key)
             if entry is None:
                 self.entries[key] = CachedBlock(blocks, 1)
+                self.held[req.id] = self.held.get(req.id, 0) + blocks
                 self.version += 1
             else:
-                revived += self._reference(key, entry)
+                revived += self._reference(req, key, entry)
                 copies += blocks
             moved += blocks
             keys.append(key)
+            i += 1
         return moved, copies, revived
 
     def release(self, req: Request) -> int:
@@ -130,6 +146,7 @@ class PrefixCache:
         references any more join the eviction order, tail first. Returns the KV blocks that
         were used and are now free (still cached)."""
         freed = 0
+        self.held.pop(req.id, None)
         for key in reversed(self.refs.pop(req.id, ())):
             entry = self.entries[key]
             entry.refs -= 1

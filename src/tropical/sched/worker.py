@@ -180,6 +180,20 @@ class WorkerState:
         hit = self.hit(req)
         return req.prompt_len - hit, hit
 
+    def prompt_and_kv(self, req: Request) -> tuple[int, int, int]:
+        """``prompt_split`` and ``kv_to_reserve`` at once (the toggle asks both of every
+        candidate on every worker it tries)."""
+        cache = self.kv.cache
+        if cache is None or not req.prefix:
+            return req.remaining_prompt, req.computed, self.kv_tokens_needed(req)
+        if req.id in cache.refs:
+            return req.remaining_prompt, req.computed, self.kv_tokens_needed(req) - cache.held_tokens(req)
+        run = cache.lookup(req)
+        if req.prefill_worker == self.id:
+            return req.remaining_prompt, req.computed, self.kv_tokens_needed(req) - run
+        hit = min(run, self._hit_cap(req))
+        return req.prompt_len - hit, hit, self.kv_tokens_needed(req) - run
+
     def prefill_estimate(self, req: Request) -> float:
         """Predicted time of ``req``'s prompt here, its cached prefix not recomputed (priced
         afresh: asked of requests not queued here, which ``prefill_cost`` keeps prices for)."""

@@ -31,7 +31,8 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     assert set(result["prefix_hit_rate"]) == policies                # the cache is on by default
     ideal = result["ideal_prefix_hit_rate"]["infinite"]
     assert all(0 <= h <= ideal for h in result["prefix_hit_rate"].values())
-    assert result["kv_bound_rps"] <= result["bound_rps"]
+    ideal_bounds = result["ideal_cache_bound_rps"]
+    assert ideal_bounds["kv_lru"] <= ideal_bounds["infinite"] == pytest.approx(result["bound_rps"])
     plain = result["paper_setting"]
     assert set(plain["capacity_rps"]["no prefix cache"]) == paper | {"tropical", "tropical+"}
     assert plain["bound_rps"]["no prefix cache"] < result["bound_rps"]    # reuse lowers the work

@@ -75,8 +75,9 @@ def prefix_section(rep: Reproduction) -> str:
             f"tokens prefilled. One ideal cluster-wide cache that keeps everything would reuse "
             f"{ideal.get('infinite', 0):.1%} of the trace's prompt tokens (the work bound above "
             f"assumes it); one the size of the cluster's KV, evicting what is needed furthest in the "
-            f"future, {ideal.get('kv', 0):.1%} (its work bound: {rep.kv_bound_rps or 0:.3f} req/s), "
-            f"or least recently used first, as the engines' caches do, {ideal.get('kv_lru', 0):.1%}. "
+            f"future, {ideal.get('kv', 0):.1%} (its work bound: {rep.ideal_bound.get('kv', 0):.3f} req/s), "
+            f"or least recently used first, as the engines' caches do, {ideal.get('kv_lru', 0):.1%} "
+            f"(its work bound: {rep.ideal_bound.get('kv_lru', 0):.3f} req/s). "
             "The work bound at a policy's own reuse prices every request less the hit it had in "
             "that policy's run: the gap between it and the work bound is what more reuse could "
             "win, the gap between it and the capacity what scheduling could.\n")

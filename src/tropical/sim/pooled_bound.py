@@ -80,12 +80,11 @@ class PooledCluster:
     decode: float
 
     @classmethod
-    def of(cls, exp: Experiment, kv_limited: bool = False) -> PooledCluster:
+    def of(cls, exp: Experiment) -> PooledCluster:
         """With the experiment's prefix cache on, every prompt is priced less its hit on one
-        ideal cluster-wide cache: unbounded, or with ``kv_limited`` the size of the cluster's
-        KV (see ``ideal_cache``)."""
+        unbounded cluster-wide cache (see ``ideal_cache``)."""
         slos = request_slos(exp)
-        parts = cluster_works(exp.trace, exp.cluster, exp.params.max_seqs, slos, cache_hits(exp, kv_limited))
+        parts = cluster_works(exp.trace, exp.cluster, exp.params.max_seqs, slos, cache_hits(exp))
         reference = parts[0][0]
         total = sum(w.total for w in reference)
         return cls(exp, slos, reference, bound_from(parts),

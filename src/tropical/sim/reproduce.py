@@ -171,9 +171,9 @@ class Reproduction:
     bound: WorkBound
     at_own: dict[str, AtRate]
     pooled_rps: float
-    kv_bound_rps: float | None = None
     paper: Study | None = None
     ideal_hit_rate: dict[str, float] = field(default_factory=dict)
+    ideal_bound: dict[str, float] = field(default_factory=dict)
     reuse_bound: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -203,8 +203,8 @@ class Reproduction:
             "pooled_bound_rps": self.pooled_rps,
             "prefix_cache": self.base.prefix_cache,
             "prefix_hit_rate": {p: a.result.summary.prefix_hit_rate for p, a in self.at_own.items()},
-            "kv_bound_rps": self.kv_bound_rps,
             "ideal_prefix_hit_rate": self.ideal_hit_rate,
+            "ideal_cache_bound_rps": self.ideal_bound,
             "bound_at_own_reuse_rps": self.reuse_bound,
             **({} if self.paper is None else {"paper_setting": self.paper.as_dict()}),
         }
@@ -245,9 +245,8 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     return Reproduction(base, caps, common, {p: _at_rate(runs[(p, "common")], bound) for p in names},
                         curve, studies, slack_budget(base), bound,
                         {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity(),
-                        PooledCluster.of(base, kv_limited=True).bound.rate_rps if cached else None,
                         paper_setting(base, processes, label) if cached else None,
-                        ideal_hit_rates(base) if cached else {},
+                        *(ideal_caches(base) if cached else ({}, {})),
                         {p: bound_at_reuse(runs[(p, "own")]) for p in names} if cached else {})
 
 
@@ -259,14 +258,22 @@ def bound_at_reuse(run: SimResult) -> float:
     return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp), hits).rate_rps
 
 
-def ideal_hit_rates(base: Experiment) -> dict[str, float]:
-    """The trace's prompt tokens one cluster-wide cache holds: unbounded ("infinite"), and the
-    size of the cluster's KV evicting furthest next use first ("kv") or least recently used
-    first ("kv_lru")."""
+IDEAL_CACHES = {"infinite": (False, FURTHEST), "kv": (True, FURTHEST), "kv_lru": (True, LRU)}
+"""One cluster-wide cache: unbounded, or the size of the cluster's KV evicting furthest next use
+first or least recently used first (as the engines' caches evict)."""
+
+
+def ideal_caches(base: Experiment) -> tuple[dict[str, float], dict[str, float]]:
+    """Each of ``IDEAL_CACHES``: the share of the trace's prompt tokens it holds, and the work
+    bound had every request that hit."""
     prompt = sum(e.input_len for e in base.trace.entries)
-    return {name: sum(cache_hits(base, limited, eviction) or ()) / prompt
-            for name, limited, eviction in (("infinite", False, FURTHEST), ("kv", True, FURTHEST),
-                                            ("kv_lru", True, LRU))}
+    slos = request_slos(base)
+    rates, bounds = {}, {}
+    for name, (limited, eviction) in IDEAL_CACHES.items():
+        hits = cache_hits(base, limited, eviction) or [0] * len(base.trace)
+        rates[name] = sum(hits) / prompt
+        bounds[name] = work_bound(base.trace, base.cluster, base.params.max_seqs, slos, hits).rate_rps
+    return rates, bounds
 
 
 PAPER_SETTING = "no prefix cache"

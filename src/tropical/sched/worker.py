@@ -156,10 +156,6 @@ class WorkerState:
         self._costs[req.id] = (req.computed, cost)
         return cost
 
-    def _here(self, req: Request) -> bool:
-        """Is ``req``'s progress this worker's (or can no cache here change it)?"""
-        return self.kv.cache is None or not req.prefix or req.prefill_worker == self.id
-
     def hit(self, req: Request) -> int:
         """Prompt tokens of ``req`` that would start computed here: the cached run of its
         prefix blocks, at most all of its whole KV blocks but the one holding its last token
@@ -175,14 +171,12 @@ class WorkerState:
     def prompt_split(self, req: Request) -> tuple[int, int]:
         """``req``'s prompt tokens still to compute here and those already computed (or
         cached) here: its own progress if it is here, else what this worker's cache holds."""
-        if self._here(req):
-            return req.remaining_prompt, req.computed
-        hit = self.hit(req)
-        return req.prompt_len - hit, hit
+        new, cached, _ = self.prompt_and_kv(req)
+        return new, cached
 
     def prompt_and_kv(self, req: Request) -> tuple[int, int, int]:
-        """``prompt_split`` and ``kv_to_reserve`` at once (the toggle asks both of every
-        candidate on every worker it tries)."""
+        """``prompt_split`` and ``kv_to_reserve`` in one look at the cache (the toggle asks both
+        of every candidate on every worker it tries)."""
         cache = self.kv.cache
         if cache is None or not req.prefix:
             return req.remaining_prompt, req.computed, self.kv_tokens_needed(req)
@@ -206,17 +200,14 @@ class WorkerState:
 
     def kv_to_reserve(self, req: Request) -> int:
         """KV tokens ``req`` needs here beyond the cached blocks it references (or would)."""
-        cache = self.kv.cache
-        if cache is None or not req.prefix:
-            return self.kv_tokens_needed(req)
-        shared = cache.held_tokens(req) if req.id in cache.refs else cache.lookup(req)
-        return self.kv_tokens_needed(req) - shared
+        return self.prompt_and_kv(req)[2]
 
     def can_hold(self, req: Request, watermark: float = 1.0) -> bool:
-        cache = self.kv.cache
-        if cache is None or not req.prefix or req.id in cache.refs:
-            return self.kv.fits(self.kv_to_reserve(req), watermark)
-        return self.kv.fits(self.kv_to_reserve(req), watermark, cache.unreferenced_run(req))
+        """Room for ``req`` here, counting the free cached blocks it would reference as used."""
+        cache, revived = self.kv.cache, 0
+        if cache is not None and req.prefix and req.id not in cache.refs:
+            revived = cache.unreferenced_run(req)
+        return self.kv.fits(self.kv_to_reserve(req), watermark, revived)
 
     def reserve(self, req: Request) -> bool:
         """Reserve ``req``'s KV here if it fits, referencing the run of its prompt cached here

@@ -61,8 +61,8 @@ def test_kv_usage_never_exceeds_capacity_under_memory_pressure(policy, monkeypat
     refused, peaks = [], []
     original = KVPool.fits
 
-    def watched(self, tokens, watermark=1.0):
-        fits = original(self, tokens, watermark)
+    def watched(self, tokens, watermark=1.0, revived=0):
+        fits = original(self, tokens, watermark, revived)
         refused.append(not fits)
         peaks.append(self.used_blocks / self.capacity_blocks)
         return fits

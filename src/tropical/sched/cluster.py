@@ -10,13 +10,15 @@ migrate-or-stall, retrying stalled migrations and the iteration-end gate are wri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tropical.core.request import Request
 from tropical.sched.admission import admission_error
 from tropical.sched.batching import Batch, form_batch
+from tropical.sched.mirror import book_streams, unplan
 from tropical.sched.policy import Assignment, Policy, apply
+from tropical.sched.rejection import Refusal, arrival_refusal
 from tropical.sched.worker import WorkerState, worker_state
 
 
@@ -57,10 +59,12 @@ class Free:
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    """``request`` cannot be served: end it with ``reason``."""
+    """``request`` cannot be served: end it with ``reason`` (``refusal``: the admission stage
+    refused it before any work, see ``sched.rejection``)."""
 
     request: Request
     reason: str
+    refusal: Refusal | None = None
 
 
 Effect = Assigned | Wake | Migrate | Free | Fail
@@ -122,7 +126,23 @@ class Cluster:
         if error is not None:
             return [Fail(req, error)]
         self.settle()
-        return self._assign(self.policy.on_arrival(req, now, self.workers))
+        assignments = self.policy.on_arrival(req, now, self.workers)
+        refusal = arrival_refusal(self.policy.admission, req, assignments, now, self.workers)
+        return [self._refuse(req, refusal)] if refusal is not None else self._assign(assignments)
+
+    def _refuse(self, req: Request, refusal: Refusal) -> Fail:
+        """The admission stage refused ``req``: it leaves the scheduling state (it holds nothing)."""
+        self._at.pop(req.id, None)
+        req.rejected = refusal.reason
+        return Fail(req, f"rejected: {refusal.message}", refusal)
+
+    def _refuse_lapsed(self, worker: WorkerState, now: float) -> list[Effect]:
+        """Refuse the prompts queued on ``worker`` whose TTFT can no longer be met."""
+        refused: list[Effect] = []
+        for req, refusal in self.policy.admission.lapsed(worker, now):
+            worker.abort(req)
+            refused.append(self._refuse(req, refusal))
+        return refused
 
     def _assign(self, assignments: Iterable[Assignment]) -> list[Effect]:
         """Hand over every decision first, then wake the workers: prefills the policy planned for
@@ -181,6 +201,37 @@ class Cluster:
         prefilled = self._complete_prompts(worker, batch, now, finished) if batch.prefills else []
         if eos:
             finished += [(req, "eos") for req in self._stop_at_eos(worker, eos, now)]
+        return self._conclude(worker, finished, prefilled, now)
+
+    def observe(self, worker_id: int, now: float, tokens: Mapping[int, int],
+                eos: Iterable[int] = ()) -> Booking:
+        """A self-scheduled worker (one that plans its own iterations, as a vLLM instance does)
+        streamed ``tokens`` by ``now`` (request id: its tokens there so far); requests in ``eos``
+        ended there before their length. Its mirror books what that implies (``sched.mirror``)
+        and plans the iteration it is running now; then, as after ``book``: frees, migrations,
+        stalled migrations retried, and the policy's look."""
+        worker = self.workers[worker_id]
+        streamed = [(self._at[rid][0], n) for rid, n in tokens.items() if self.where(rid) == worker_id]
+        finished, prefilled = book_streams(worker, streamed, now, self._started.get(worker_id, now))
+        ended = [rid for rid in eos if self.where(rid) == worker_id]
+        finished += [(req, "eos") for req in self._stop_at_eos(worker, ended, now)]
+        self.replan(worker_id, now)
+        return self._conclude(worker, finished, prefilled, now)
+
+    def replan(self, worker_id: int, now: float) -> None:
+        """The iteration a self-scheduled worker runs from ``now``, as far as its mirror can tell
+        (what ``plan`` would give it), predicted to end one iteration later."""
+        worker = self.workers[worker_id]
+        unplan(worker)
+        batch = self.plan(worker_id, now)
+        self._started[worker_id] = now
+        worker.busy_until = now + (worker.latency.iteration_time(batch.shape) if batch else 0.0)
+
+    def _conclude(self, worker: WorkerState, finished: list[tuple[Request, str]], prefilled: list[Request],
+                  now: float) -> Booking:
+        """After an iteration's booking: free what finished, migrate prompts done on a worker that
+        does not decode, retry stalled migrations if KV was freed, then let the policy look."""
+        worker_id = worker.id
         effects: list[Effect] = []
         for req, _ in finished:
             del self._at[req.id]
@@ -194,6 +245,7 @@ class Cluster:
         if self.policy.observes_iterations:
             self.settle()
             effects += self._assign(self.policy.on_iteration_end(worker, now, self.workers))
+        effects += self._refuse_lapsed(worker, now)
         return Booking(finished, prefilled, effects)
 
     @staticmethod

@@ -69,6 +69,9 @@ POLICY_HELP = {
     "roles_both_ways": "true: an idle prefill worker lends itself to decoding and multiplexing "
                        "while another prefill worker idles too, and drains back when Path 1 prompts "
                        "are at risk (tropical)",
+    "admission": "which requests to refuse before any work (every policy): none; early-reject "
+                 "(its predicted TTFT misses the SLO, at arrival or while still queued); predictive "
+                 "(also the decode load predicted for its prefill's end breaks its TPOT SLO)",
 }
 
 TBT_SCALE_HELP = "TBT SLO (longest gap between two tokens) = this x the TPOT SLO"

@@ -19,6 +19,7 @@ import tomllib
 from tropical.core.slo import SLOSpec
 from tropical.sched.kv_router import OVERLAP_WEIGHT
 from tropical.sched.registry import PolicyParams
+from tropical.sched.rejection import admission_mode
 from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams
 
@@ -33,7 +34,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class PolicyConfig:
     """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
     rule, look-ahead, demotion of doomed requests, chunked multiplexing, laxity order, Path 1's
-    dispatch, online correction of predictions and roles both ways."""
+    dispatch, online correction of predictions and roles both ways; and, for every policy, which
+    requests to refuse before any work (``admission``, see ``sched.rejection``)."""
 
     policy: str = "tropical"
     prefill_workers: int | None = None
@@ -50,6 +52,7 @@ class PolicyConfig:
     correct_predictions: bool = False
     roles_both_ways: bool = False
     kv_overlap_weight: float = OVERLAP_WEIGHT
+    admission: str = "none"
 
     def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
         """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
@@ -60,7 +63,7 @@ class PolicyConfig:
                               least_loaded=self.least_loaded, correct=self.correct_predictions,
                               flex=self.roles_both_ways)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
-                            self.kv_overlap_weight)
+                            self.kv_overlap_weight, admission_mode(self.admission))
 
 
 def slack_rule(name: str) -> SlackRule:

@@ -30,7 +30,8 @@ class Request:
     decodes it books the gaps; see ``WorkerState``); ``gap_step`` is the worker's decode step
     from which that worker's gap history applies to it. ``yielded``: its TTFT SLO is out of
     reach and it gave up its place in a prefill queue (demotion), so it waits there behind every
-    prompt that can still meet its SLO.
+    prompt that can still meet its SLO. ``rejected``: the admission stage refused it (why, one of
+    ``sched.rejection.REASONS``) before it held KV or ran a token; it fails, and counts as a miss.
     """
 
     id: int
@@ -49,6 +50,7 @@ class Request:
     decode_worker: int | None = None
     migration_time: float = 0.0
     error: str | None = None
+    rejected: str | None = None
     max_gap: float = 0.0
     yielded: bool = False
     prefix: tuple[int, ...] = ()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.dispatch import decode_destination
+from tropical.sched.rejection import Admission
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
 
@@ -47,6 +48,8 @@ class Policy(ABC):
     """A global scheduling policy over a fixed set of worker roles."""
 
     name: str = "policy"
+    admission: Admission = Admission()
+    """Which requests to refuse before any work (``make_policy`` sets the run's stage)."""
     observes_iterations: bool = False
     """True if ``on_iteration_end`` may act; a substrate may skip the call (and the exact
     worker view it needs) for policies that never do."""

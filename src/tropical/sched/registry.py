@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.kv_router import OVERLAP_WEIGHT, KVRouterDisaggPolicy, KVRouterPolicy
 from tropical.sched.policy import Policy
+from tropical.sched.rejection import Admission, AdmissionMode
 from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams, TropicalPolicy
 
@@ -16,13 +17,14 @@ from tropical.sched.tropical import ToggleParams, TropicalPolicy
 @dataclass(frozen=True, slots=True)
 class PolicyParams:
     """Knobs shared by the policies; each uses the ones that apply to it (the role split in
-    ``toggle`` serves disagg too)."""
+    ``toggle`` serves disagg too); ``admission`` applies to all."""
 
     max_batched_tokens: int = 4096
     chunk_budget: int = 2048
     max_seqs: int = 256
     toggle: ToggleParams = field(default_factory=ToggleParams)
     kv_overlap_weight: float = OVERLAP_WEIGHT
+    admission: AdmissionMode = AdmissionMode.NONE
 
 
 CHUNK_SIZES = (512, 1024, 2048)
@@ -76,6 +78,12 @@ def policy_names() -> list[str]:
 def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
     """A fresh policy object (policies hold per-run state, so never share one between runs)."""
     params = params or PolicyParams()
+    policy = _policy(name, params)
+    policy.admission = Admission(params.admission)
+    return policy
+
+
+def _policy(name: str, params: PolicyParams) -> Policy:
     if split := DISAGG_SPLIT.fullmatch(name):
         return DisaggPolicy(params.max_batched_tokens, int(split.group(1)), params.max_seqs, name=name)
     try:

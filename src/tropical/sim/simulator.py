@@ -138,7 +138,7 @@ class Simulator:
 
     def _carry_out(self, effects: list[Effect]) -> None:
         """Do what the cluster asks: wake workers, start KV transfers, fail requests (KV frees are
-        the scheduling state's alone here)."""
+        the scheduling state's alone here; a refused request is a certain miss)."""
         for effect in effects:
             if isinstance(effect, Wake):
                 self._wake(self.workers[effect.worker_id])
@@ -146,6 +146,7 @@ class Simulator:
                 self._transfer(effect)
             elif isinstance(effect, Fail):
                 effect.request.fail(self.now, effect.reason)
+                self.misses += effect.refusal is not None
 
     def _wake(self, worker: WorkerState) -> None:
         """New work reached ``worker``: start it if idle, else end its decode run early."""

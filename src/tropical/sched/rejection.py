@@ -1,0 +1,192 @@
+"""Early rejection: refuse, before any work, the requests the cluster is predicted to serve late.
+
+Past capacity a policy that admits everything serves almost nobody on time: every request waits
+behind others that will miss too. One admission stage serves every policy, asked by the Cluster:
+
+``none``         admit everything (the published figures).
+``early-reject`` refuse an arriving request when its predicted TTFT on the path the policy chose
+                 misses its TTFT SLO; and refuse a queued request, while nothing has been computed
+                 for it, once its TTFT can no longer be met behind the prompts ahead of it.
+``predictive``   also refuse when the decode load predicted for the moment its prefill would end
+                 breaks its TPOT SLO (Mooncake's prediction-based early rejection: the load *then*,
+                 not now, so that prefill and decode admissions do not oscillate).
+
+Predictions reuse each worker's latency model: a prompt's prefill time (``prefill_estimate``,
+``prefill_cost``), when a worker is free (``busy_until``) and a decode iteration's time. A
+rejected request never reaches a worker's queue, or leaves it before it holds KV or ran a token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from tropical.core.latency.iterations import decode_time
+from tropical.core.request import Request
+from tropical.sched.rules import Role
+from tropical.sched.worker import WorkerState
+
+if TYPE_CHECKING:  # the policy module holds an Admission: a cycle at import time
+    from tropical.sched.policy import Assignment
+
+
+class AdmissionMode(str, Enum):
+    NONE = "none"
+    EARLY_REJECT = "early-reject"
+    PREDICTIVE = "predictive"
+
+
+def admission_mode(name: str) -> AdmissionMode:
+    try:
+        return AdmissionMode(name)
+    except ValueError:
+        raise ValueError(f"unknown admission mode {name!r}; choose from "
+                         f"{', '.join(m.value for m in AdmissionMode)}") from None
+
+
+TTFT = "ttft"
+"""At arrival: the TTFT predicted on the policy's path misses the SLO."""
+TTFT_QUEUED = "ttft_queued"
+"""While queued, nothing computed yet: its TTFT can no longer be met behind the prompts ahead."""
+DECODE_LOAD = "decode_load"
+"""At arrival (predictive): the decode load when its prefill ends would break its TPOT SLO."""
+REASONS = (TTFT, TTFT_QUEUED, DECODE_LOAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request is refused (``reason``, one of ``REASONS``; ``message`` for people) and
+    when the predicted backlog that refused it will have cleared (``retry_after`` seconds)."""
+
+    reason: str
+    message: str
+    retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The admission stage of one run; stateless, so one object serves any number of runs."""
+
+    mode: AdmissionMode = AdmissionMode.NONE
+
+    @property
+    def active(self) -> bool:
+        return self.mode is not AdmissionMode.NONE
+
+    def at_arrival(self, req: Request, worker: WorkerState, now: float,
+                   workers: Sequence[WorkerState]) -> Refusal | None:
+        """Refuse ``req``, which the policy would prefill on ``worker``, or None to admit it."""
+        if not self.active:
+            return None
+        start = max(now, worker.busy_until)
+        cost = worker.prefill_estimate(req)
+        first_token = start + work_ahead(worker, req, cost) + prefill_tax(worker, req) + cost
+        if first_token - req.arrival > req.slo.ttft:
+            return Refusal(TTFT, f"predicted TTFT {first_token - req.arrival:.3f}s on worker {worker.id} "
+                                 f"exceeds the TTFT SLO {req.slo.ttft:.3f}s", first_token - cost - now)
+        if self.mode is AdmissionMode.PREDICTIVE:
+            return decode_refusal(req, worker, first_token, now, workers)
+        return None
+
+    def lapsed(self, worker: WorkerState, now: float) -> list[tuple[Request, Refusal]]:
+        """The queued prompts of ``worker`` to refuse now: those with nothing computed yet whose
+        TTFT can no longer be met behind the prompts ahead of them that stay (in queue order).
+        Ask between the worker's iterations."""
+        if not self.active:
+            return []
+        clock, out = max(now, worker.busy_until), []
+        for req in worker.queued():
+            cost = worker.prefill_cost(req)
+            late = clock + cost - req.arrival
+            if late > req.slo.ttft and untouched(req, worker):
+                out.append((req, Refusal(TTFT_QUEUED, f"TTFT SLO {req.slo.ttft:.3f}s can no longer be met "
+                                                      f"(predicted {late:.3f}s) on worker {worker.id}",
+                                         clock - now)))
+            else:
+                clock += cost
+        return out
+
+
+def untouched(req: Request, worker: WorkerState) -> bool:
+    """Nothing computed for ``req`` yet (a cached prefix aside) and no KV held for it."""
+    return req.computed == req.cached and req.id not in worker.holds and req.id not in worker.inflight
+
+
+def work_ahead(worker: WorkerState, req: Request, cost: float) -> float:
+    """Predicted prefill time of the prompts queued on ``worker`` that would run before ``req``
+    (costing ``cost`` there): all of them in arrival order, those with an earlier latest start
+    in laxity order."""
+    if worker.role is Role.PREFILL and not worker.rules.laxity:
+        return worker.queued_work
+    queued = worker.queued()
+    if worker.rules.laxity:
+        latest = req.arrival + req.slo.ttft - cost
+        return sum(worker.prefill_cost(q) for q in queued if worker.latest_start(q) <= latest)
+    return sum(worker.prefill_cost(q) for q in queued)
+
+
+def prefill_tax(worker: WorkerState, req: Request) -> float:
+    """Decode time that a chunked worker's prompt iterations carry until ``req``'s prompt is
+    through: one decode of its batch per token budget of prompt (decodes first, then chunks)."""
+    if not worker.rules.chunked or not worker.running:
+        return 0.0
+    room = max(1, worker.rules.token_budget - worker.batch_size)
+    iterations = math.ceil((worker.waiting_prompt + req.remaining_prompt) / room)
+    return iterations * decode_time(worker.latency, worker.batch_size, worker.decode_context)
+
+
+def decode_refusal(req: Request, worker: WorkerState, first_token: float, now: float,
+                   workers: Sequence[WorkerState]) -> Refusal | None:
+    """Refuse ``req`` if no worker it may decode on (``worker`` itself when that decodes) is
+    predicted to run decode iterations within its TPOT SLO once its prefill ends at ``first_token``."""
+    targets = [worker] if worker.role.decodes else [w for w in workers if w.alive and w.role.decodes]
+    if not targets:
+        return None
+    iteration, target = min((decode_load(w, req, first_token, now), w.id) for w in targets)
+    if iteration <= req.slo.tpot:
+        return None
+    return Refusal(DECODE_LOAD, f"predicted decode iteration {iteration:.3f}s on worker {target} when its "
+                                f"prefill ends exceeds the TPOT SLO {req.slo.tpot:.3f}s",
+                   max(first_token - now, 0.0) + next_finish(workers[target], now))
+
+
+def decode_load(worker: WorkerState, req: Request, at: float, now: float) -> float:
+    """Predicted time of ``worker``'s decode iterations at ``at`` with ``req`` joining: the
+    running requests that will not have finished by then (each iteration as long as one now),
+    those on their way, the prompts queued there, and ``req``, each at its context by then."""
+    count, context = 1 + len(worker.incoming) + len(worker.waiting), req.prompt_len
+    context += sum(r.prompt_len + r.generated for r in worker.incoming.values())
+    context += sum(r.prompt_len for r in worker.waiting)
+    if worker.running:
+        steps = int(max(0.0, at - max(now, worker.busy_until)) / current_iteration(worker))
+        for r in worker.running.values():
+            done = worker.generated(r) + steps
+            if done < r.output_len:
+                count, context = count + 1, context + r.prompt_len + done
+    return decode_time(worker.latency, count, context)
+
+
+def current_iteration(worker: WorkerState) -> float:
+    """A decode iteration of ``worker``'s running batch as it stands (some running)."""
+    return max(decode_time(worker.latency, worker.batch_size, worker.decode_context), 1e-9)
+
+
+def next_finish(worker: WorkerState, now: float) -> float:
+    """Seconds until ``worker``'s next running request finishes, at today's iteration time."""
+    if not worker.running:
+        return 0.0
+    return max(0.0, worker.busy_until - now) + worker.steps_to_next_finish() * current_iteration(worker)
+
+
+def arrival_refusal(admission: Admission, req: Request, assignments: Sequence[Assignment], now: float,
+                    workers: Sequence[WorkerState]) -> Refusal | None:
+    """``admission``'s answer for ``req``, placed by the policy as ``assignments`` say."""
+    if not admission.active:
+        return None
+    placed = next((a for a in assignments if a.request is req), None)
+    if placed is None:
+        return None
+    return admission.at_arrival(req, workers[placed.worker_id], now, workers)

@@ -9,7 +9,7 @@ import sys
 
 
 def test_router_twin_and_simulator_import_no_torch():
-    code = ("import sys, tropical.serve.router, tropical.serve.vllm.router, tropical.fidelity.twin, "
+    code = ("import sys, tropical.serve.router, tropical.serve.vllm.driver, tropical.fidelity.twin, "
             "tropical.sim.simulator, tropical.sched.cluster; "
             "print(sorted(m for m in ('torch', 'tropical.engine.sampling') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

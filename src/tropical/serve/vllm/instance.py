@@ -3,13 +3,15 @@
 The router talks to an instance only through ``/v1/completions`` with prompt token ids (so the
 router's tokenizer decides the prompt exactly) and ``return_token_ids`` (so the router's own
 detokenizer and stop strings apply, as with our engine). A connection that fails marks the
-instance dead; ``probe`` lets a watcher notice deaths between requests too.
+instance dead; ``probe`` lets a watcher notice deaths between requests too. ``restart`` brings a
+dead one back: a started instance as a new process with the same launch (role, port, cores), an
+attached one once its URL answers again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,7 @@ from tropical.serve.vllm.process import VllmProcess
 
 CONNECT_ERRORS = (httpx.TransportError,)
 PROBE_TIMEOUT_S = 10.0
+READY_POLL_S = 1.0
 
 
 class InstanceDied(Exception):
@@ -62,14 +65,37 @@ class VllmInstance:
         return self.url
 
     def died(self) -> None:
-        """Mark the instance dead (once), tell the router, and end what is left of a started one
-        (its engine-core child may outlive its server) without blocking the event loop."""
+        """Mark the instance dead (once) and tell the router; ``restart`` ends what is left of it."""
         if self.alive:
             self.alive = False
-            if self.process is not None:
-                threading.Thread(target=self.process.stop, daemon=True).start()
             if self.on_death is not None:
                 self.on_death()
+
+    async def restart(self, timeout: float) -> None:
+        """Bring a dead instance back and wait until it answers: a started one's whole process group
+        is stopped (its engine-core child may outlive its server) and the same launch started
+        again; an attached one is waited for. Raises as ``wait_ready`` does."""
+        if self.process is not None:
+            await asyncio.to_thread(self.process.stop)
+            self.process = VllmProcess.start(self.process.launch)
+        await self.wait_ready(timeout)
+        self.alive = True
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until /v1/models answers; fails early (with its log's tail) if its process exits."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if self.process is not None and not self.process.running:
+                raise RuntimeError(f"vLLM at {self.url} exited while starting; the end of "
+                                   f"{self.process.launch.log}:\n{self.process.tail()}")
+            try:
+                if (await self.client.get(f"{self.url}/v1/models", timeout=5)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(READY_POLL_S)
+        raise TimeoutError(f"vLLM at {self.url} was not ready within {timeout:.0f}s")
 
     async def probe(self) -> bool:
         """False, and the instance marked dead, once its process has exited or nothing listens on

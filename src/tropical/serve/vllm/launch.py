@@ -16,9 +16,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
-
-import httpx
+from typing import Any
 
 from tropical.config import slo_spec
 from tropical.core.latency.fitted import FittedModel
@@ -33,13 +31,11 @@ from tropical.serve.options import ServeOptions, policy_and_roles
 from tropical.serve.process import free_port
 from tropical.serve.profiles import ProfileSource, choose_profile
 from tropical.serve.router import RouterSettings
+from tropical.serve.vllm.driver import VllmDriver
 from tropical.serve.vllm.instance import VllmInstance
 from tropical.serve.vllm.process import VllmLaunch, VllmProcess, core_sets
 from tropical.serve.vllm.profile import HTTP_GRIDS, kv_bytes_per_token, profile_server
-from tropical.serve.vllm.router import VllmRouter
-from tropical.serve.vllm.shadow import Shadow
 
-READY_POLL_S = 1.0
 CACHE_INFO = re.compile(r'vllm:cache_config_info\{([^}]*)\}')
 
 
@@ -47,24 +43,25 @@ CACHE_INFO = re.compile(r'vllm:cache_config_info\{([^}]*)\}')
 class VllmCluster:
     """What `tropical serve` holds while the vLLM engine serves (the shape of ``workers.launch.Cluster``)."""
 
-    router: VllmRouter
+    router: VllmDriver
     clients: list[VllmInstance]
     profile_note: str
     model_name: str
     max_model_len: int
 
     async def stop(self) -> None:
-        for shadow in self.router.shadows:
-            online = shadow.latency
-            print(f"tropical: vLLM instance {shadow.state.id} ran at x{online.prefill_scale:.2f} (prefill) "
-                  f"and x{online.decode_scale:.2f} (decode) of its profile's prediction "
-                  f"({online.observations} observations)", flush=True)
+        for worker in self.router.workers:
+            online = worker.latency
+            if isinstance(online, OnlineLatency):
+                print(f"tropical: vLLM instance {worker.id} ran at x{online.prefill_scale:.2f} (prefill) "
+                      f"and x{online.decode_scale:.2f} (decode) of its profile's prediction "
+                      f"({online.observations} observations)", flush=True)
         await self.router.stop()
         await asyncio.gather(*(asyncio.to_thread(c.process.stop) for c in self.clients if c.process))
 
 
 async def launch_vllm(options: ServeOptions, metrics: ServerMetrics) -> VllmCluster:
-    """Instances up and answering, a profile, shadows, and the router driving them."""
+    """Instances up and answering, a profile, the Cluster's mirrors of them, and the driver."""
     urls = parse_worker_urls(options.worker_urls) if options.worker_urls else None
     if urls is not None:
         options = replace(options, workers=",".join(role.value for role, _ in urls), worker_urls=None)
@@ -74,7 +71,7 @@ async def launch_vllm(options: ServeOptions, metrics: ServerMetrics) -> VllmClus
     instances = (attach(urls, roles, name) if urls is not None
                  else start(options, roles, model_dir, name))
     try:
-        await asyncio.gather(*(wait_ready(i, options.start_timeout) for i in instances))
+        await asyncio.gather(*(i.wait_ready(options.start_timeout) for i in instances))
         if urls is not None and options.served_model_name is None:
             name = await served_name(instances)
         source = _profile_source(options, instances[0], model_dir)
@@ -83,12 +80,12 @@ async def launch_vllm(options: ServeOptions, metrics: ServerMetrics) -> VllmClus
     except BaseException:
         await asyncio.gather(*(asyncio.to_thread(i.process.stop) for i in instances if i.process))
         raise
-    # vLLM plans its own iterations: every shadow learns their speed online, whatever the policy.
+    # vLLM plans its own iterations: every mirror learns their speed online, whatever the policy.
     workers = worker_states(policy, roles, pools, [latency] * len(roles), online=True)
-    shadows = [Shadow(w, cast(OnlineLatency, w.latency)) for w in workers]
     settings = RouterSettings(options.max_waiting, slo_spec(options), options.max_model_len)
     tokenizer = Tokenizer.from_hf_dir(model_dir)
-    router = VllmRouter(policy, shadows, instances, tokenizer, latency, settings, metrics)
+    router = VllmDriver(policy, workers, instances, tokenizer, latency, settings, metrics,
+                        options.start_timeout)
     router.start()
     return VllmCluster(router, instances, note, name, options.max_model_len)
 
@@ -147,22 +144,6 @@ def model_directory(options: ServeOptions) -> Path:
 
         save_hf_dir(load_model(options.model, dtype=getattr(torch, options.dtype)), target)
     return target
-
-
-async def wait_ready(instance: VllmInstance, timeout: float) -> None:
-    """Until /v1/models answers; fails early (with its log's tail) if its process exits."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if instance.process is not None and not instance.process.running:
-            raise RuntimeError(f"vLLM at {instance.url} exited while starting; the end of "
-                               f"{instance.process.launch.log}:\n{instance.process.tail()}")
-        try:
-            if (await instance.client.get(f"{instance.url}/v1/models", timeout=5)).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(READY_POLL_S)
-    raise TimeoutError(f"vLLM at {instance.url} was not ready within {timeout:.0f}s")
 
 
 async def served_name(instances: list[VllmInstance]) -> str:

@@ -1,0 +1,328 @@
+"""vLLM instances driven by sched's ``Cluster``: the Cluster decides, this carries out its effects
+over HTTP.
+
+A vLLM instance plans its own iterations, so the Cluster keeps a mirror of each (``sched.mirror``):
+every streamed chunk is an observed iteration end (``Cluster.observe``), and a new request sent
+there joins the iteration the mirror plans (``Cluster.replan``, on ``Wake``). Each request runs
+as one task on the instance its ``Assigned`` effect names:
+- on a prefill instance (Path 1) the prompt goes with ``max_tokens: 1`` and
+  ``kv_transfer_params: {"do_remote_decode": true}``; its reply completes the prompt, and the
+  Cluster's ``Migrate`` (at once, or when a stalled hand-off finds room) sends the same request
+  with the reply's ``kv_transfer_params`` to the decode instance, which pulls the KV through
+  vLLM's connector (NIXL); its first token lands the KV (``Cluster.migrated``), and its stream is
+  the client's;
+- on any other instance (Path 2) the prompt streams from there.
+An instance that dies leaves the Cluster; its requests without a token yet run again elsewhere,
+the others end with an error, as with our own workers; then it is restarted with its role and
+port (an attached one is waited for) and re-added (``revivals`` in /metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from tropical.core.latency.model import LatencyModel
+from tropical.core.request import Request
+from tropical.sched.admission import NO_LIVE_WORKER, serving_error
+from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Migrate, Wake
+from tropical.sched.policy import Policy
+from tropical.sched.rules import Role
+from tropical.sched.worker import WorkerState
+from tropical.serve.inflight import InFlight
+from tropical.serve.metrics import ServerMetrics
+from tropical.serve.router import SHUTTING_DOWN, Rejected, RouterSettings, check_capacity, refusal
+from tropical.serve.streams import RequestHandle, Submission
+from tropical.serve.vllm.instance import InstanceDied, InstanceError, VllmInstance
+
+if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the driver does not
+    from tropical.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
+PROBE_INTERVAL_S = 1.0
+RESTART_PAUSE_S = 5.0
+
+
+class VllmDriver:
+    """The Cluster over vLLM instances, the instances, and the requests in flight."""
+
+    def __init__(self, policy: Policy, workers: Sequence[WorkerState], instances: Sequence[VllmInstance],
+                 tokenizer: Tokenizer, reference: LatencyModel, settings: RouterSettings,
+                 metrics: ServerMetrics, start_timeout: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster = Cluster(workers, policy, settings.max_context)
+        self.clients = list(instances)
+        self.inflight = InFlight(tokenizer, metrics, clock)
+        self.tokenizer = tokenizer
+        self.reference = reference
+        self.settings = settings
+        self.metrics = metrics
+        self.start_timeout = start_timeout
+        self.clock = clock
+        self.draining = False
+        self._ids = itertools.count()
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._handoffs: dict[int, dict[str, Any]] = {}
+        self._background: set[asyncio.Task] = set()
+        for i, instance in enumerate(self.clients):
+            instance.on_death = partial(self._instance_died, i)
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        return self.cluster.workers
+
+    @property
+    def handles(self) -> dict[int, RequestHandle]:
+        return self.inflight.handles
+
+    def start(self) -> None:
+        self._spawn(self._watch(), "vllm-watch")
+        for worker in self.workers:
+            self._report(worker)
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks.values(), *self._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for instance in self.clients:
+            await instance.close()
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why no new request could be served now (for /health), or None when one could."""
+        return SHUTTING_DOWN if self.draining else serving_error(self.workers)
+
+    def submit(self, submission: Submission) -> RequestHandle:
+        """Admit a request and let the Cluster place its prefill; raises Rejected."""
+        check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
+                       self.metrics, "no vLLM instance is running")
+        now = self.clock()
+        req = Request(next(self._ids), now, len(submission.prompt_ids), submission.max_tokens,
+                      submission.slo(self.settings.slo, self.reference))
+        effects = self.cluster.arrive(req, now)
+        refused = refusal(effects)
+        if refused is not None:
+            raise Rejected(503 if refused.startswith(NO_LIVE_WORKER) else 400, refused)
+        handle = self.inflight.open(req, submission)
+        self._carry_out(effects)
+        return handle
+
+    def abort(self, rid: int) -> None:
+        """The client went away: closing its connection to vLLM aborts it there and frees its KV."""
+        if self.inflight.leave(rid):
+            self._drop(rid)
+
+    def _drop(self, rid: int) -> None:
+        """End ``rid``'s task and take it out of the Cluster."""
+        self._cancel(rid)
+        self._handoffs.pop(rid, None)
+        self.inflight.forget(rid)
+        self._carry_out(self.cluster.abort(rid, self.clock()))
+
+    def _cancel(self, rid: int) -> None:
+        task = self._tasks.pop(rid, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Do what the Cluster asks. ``Free`` needs nothing: vLLM frees a request's KV when its
+        stream ends or closes, and a prefill's once the decode instance has pulled it."""
+        for effect in effects:
+            if isinstance(effect, Assigned):
+                self.metrics.record_path(effect.request.path.value)
+                self._run(effect.request, effect.worker_id, None)
+            elif isinstance(effect, Wake):
+                self.cluster.replan(effect.worker_id, self.clock())
+                self._report(self.workers[effect.worker_id])
+            elif isinstance(effect, Migrate):
+                self._run(effect.request, effect.target, effect)
+            elif isinstance(effect, Fail):
+                self._cancel(effect.request.id)
+                self._handoffs.pop(effect.request.id, None)
+                self.inflight.fail(effect.request, effect.reason)
+
+    def _run(self, req: Request, worker_id: int, move: Migrate | None) -> None:
+        """Start ``req``'s task on ``worker_id`` (in place of one elsewhere: the policy moved it)."""
+        self._cancel(req.id)
+        task = asyncio.create_task(self._request(req, worker_id, move), name=f"request-{req.id}")
+        self._tasks[req.id] = task
+
+    async def _request(self, req: Request, worker_id: int, move: Migrate | None) -> None:
+        """One request on one instance, failures included (a death is the death's business)."""
+        try:
+            if move is None and self.workers[worker_id].role is Role.PREFILL:
+                await self._prefill(req, worker_id)
+            else:
+                await self._stream(req, worker_id, move)
+        except InstanceDied:
+            pass
+        except InstanceError as exc:
+            self._failed(req, move, str(exc))
+        finally:
+            if self._tasks.get(req.id) is asyncio.current_task():
+                del self._tasks[req.id]
+
+    async def _prefill(self, req: Request, worker_id: int) -> None:
+        """Path 1: the prompt alone; the Cluster then hands it off (a one-token answer ends here)."""
+        reply = await self.clients[worker_id].complete({**self._body(req), "max_tokens": 1,
+                                                        "kv_transfer_params": REMOTE_DECODE})
+        params = reply.get("kv_transfer_params")
+        if params is None and req.output_len > 1:
+            self._fail(req.id, f"prefill instance {worker_id} returned no kv_transfer_params; was it "
+                               f"started with a KV connector (--kv-transfer-config)?")
+            return
+        self._handoffs[req.id] = params or {}
+        booking = self.cluster.observe(worker_id, self.clock(), {req.id: 1})
+        if req.finish is not None:
+            self._handoffs.pop(req.id, None)
+            tokens = reply["choices"][0].get("token_ids") or []
+            self.inflight.stream({req.id: tokens[0]} if tokens else {}, [(req, "length")])
+        self._carry_out(booking.effects)
+
+    async def _stream(self, req: Request, worker_id: int, move: Migrate | None) -> None:
+        """Stream the instance's tokens to the client, each chunk an observed iteration end there.
+        After a hand-off, the first token says the KV has landed."""
+        body = self._body(req)
+        if move is not None:
+            body["kv_transfer_params"] = self._handoffs.pop(req.id)
+        start, count = self.clock(), 0
+        async with aclosing(self.clients[worker_id].stream(body)) as chunks:
+            async for chunk in chunks:
+                now = self.clock()
+                if move is not None and count == 0 and chunk.token_ids:
+                    self._landed(move, now - start)
+                count += len(chunk.token_ids)
+                stopped = self._emit(req, chunk.token_ids)
+                reason = "stop" if stopped else chunk.finish_reason
+                ended = [req.id] if reason is not None else []
+                self._carry_out(self.cluster.observe(worker_id, now, {req.id: count}, ended).effects)
+                if reason is not None:
+                    self._finish(req, reason)
+                    return
+        self._carry_out(self.cluster.observe(worker_id, self.clock(), {req.id: count}, [req.id]).effects)
+        self._finish(req, "length")
+
+    def _emit(self, req: Request, tokens: list[int]) -> bool:
+        """Send ``tokens`` to the client; True if a stop string ended its stream."""
+        return any(self.inflight.stream({req.id: token}, []) for token in tokens)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        """The instance ended the stream: so does the client's (unless a stop string did)."""
+        self._handoffs.pop(req.id, None)
+        self.inflight.stream({}, [(req, "eos" if reason == "stop" else "length")])
+
+    def _landed(self, move: Migrate, seconds: float) -> None:
+        """The decode instance's first token: the hand-off (KV pull plus one step) is done."""
+        move.request.migration_time = seconds
+        self.metrics.record_migration(seconds, move.request.prompt_len)
+        self._carry_out(self.cluster.migrated(move.request, move.source, move.target))
+
+    def _failed(self, req: Request, move: Migrate | None, reason: str) -> None:
+        """The instance answered with an error: a hand-off that broke before it landed frees both
+        sides and fails the request (503); any other error fails it (500)."""
+        landing = move is not None and req.decode_worker != move.target
+        if move is not None and landing and self.cluster.where(req.id) == move.target:
+            self._carry_out(self.cluster.migration_failed(req, move.source, move.target,
+                                                          f"KV hand-off failed: {reason}"))
+        else:
+            self._fail(req.id, reason)
+
+    def _fail(self, rid: int, reason: str) -> None:
+        """End ``rid`` with an internal error (500) and take it out of the Cluster."""
+        handle = self.inflight.handles.get(rid)
+        self._drop(rid)
+        if handle is not None:
+            self.inflight.end_with_error(handle, reason, 500)
+
+    def _instance_died(self, worker_id: int) -> None:
+        """Take the dead instance out of the Cluster and keep serving: requests that have streamed
+        nothing yet start over elsewhere (unless they asked not to), the rest end with a clear
+        error; then bring the instance back."""
+        lost, effects = self.cluster.worker_died(worker_id, self.clock())
+        for req in lost:
+            self._cancel(req.id)
+            self._handoffs.pop(req.id, None)
+            handle = self.inflight.lost(req, worker_id)
+            if handle is not None:
+                self._rerun(handle)
+        self._report(self.workers[worker_id])
+        self._carry_out(effects)
+        self._spawn(self._revive(worker_id), f"revive-{worker_id}")
+
+    def _rerun(self, handle: RequestHandle) -> None:
+        """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
+        old = handle.req
+        req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo)
+        handle.req = req
+        effects = self.cluster.arrive(req, self.clock())
+        refused = refusal(effects)
+        if refused is not None:
+            self.inflight.fail(req, f"its vLLM instance died and no live instance can run it: {refused}")
+            return
+        self.inflight.track(req, handle.submission)
+        self.metrics.record_request("rerun")
+        self._carry_out(effects)
+
+    async def _revive(self, worker_id: int) -> None:
+        """Restart the instance (the same launch: role, port, cores) until it answers, then give
+        the Cluster a fresh mirror of it."""
+        instance = self.clients[worker_id]
+        while not instance.alive:
+            try:
+                await instance.restart(self.start_timeout)
+            except (RuntimeError, TimeoutError) as exc:
+                log.warning("vLLM instance %d did not come back (%s); trying again", worker_id, exc)
+                await asyncio.sleep(RESTART_PAUSE_S)
+        effects = self.cluster.worker_revived(worker_id, self.clock())
+        self.metrics.record_revival(worker_id)
+        self._report(self.workers[worker_id])
+        self._carry_out(effects)
+
+    async def _watch(self) -> None:
+        """Probe live instances, so a death is noticed even with nothing in flight there."""
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            await asyncio.gather(*(c.probe() for c in self.clients if c.alive))
+
+    def _spawn(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _body(self, req: Request) -> dict[str, Any]:
+        sub = self.inflight.handles[req.id].submission
+        body: dict[str, Any] = {"prompt": sub.prompt_ids, "max_tokens": sub.max_tokens,
+                                "temperature": sub.params.temperature, "top_p": sub.params.top_p,
+                                "ignore_eos": sub.ignore_eos}
+        if sub.params.top_k:
+            body["top_k"] = sub.params.top_k
+        if sub.params.seed is not None:
+            body["seed"] = sub.params.seed
+        return body
+
+    def _report(self, worker: WorkerState) -> None:
+        used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0
+        self.metrics.set_worker(worker.id, worker.role.value, len(worker.running), len(worker.waiting),
+                                used, alive=worker.alive, node=self.clients[worker.id].node)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish; those
+        still running then end with an error saying why, and their vLLM requests are aborted."""
+        self.draining = True
+        deadline = self.clock() + timeout
+        while self.handles and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+        for handle in list(self.handles.values()):
+            rid = handle.req.id
+            self.inflight.end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
+                                                 "request finished", 503)
+            self._drop(rid)

@@ -28,12 +28,25 @@ class CachedBlock:
 
 
 @dataclass(slots=True)
+class CachedRun:
+    """How far a lookup walked one request's prefix: ``keys`` matched, their ``blocks``, whether
+    the run ``ended`` at a partial block (no later key can extend it), and the cache's ``stores``
+    when it last walked."""
+
+    keys: int = 0
+    blocks: int = 0
+    ended: bool = False
+    stores: int = -1
+
+
+@dataclass(slots=True)
 class PrefixCache:
     """The prefix blocks one worker holds, who references them, and the eviction order of the
     unreferenced ones. ``free_blocks`` counts the KV blocks of unreferenced cached prefix blocks
     (free KV that still serves hits); ``held`` the KV blocks each request here references;
-    ``version`` changes whenever a key enters or leaves, so that lookups may be kept until it
-    does."""
+    ``evictions`` counts keys that left: until one does, a run found earlier can only grow, so a
+    lookup goes on from its last walk instead of starting over (and, while ``stores``, the keys
+    that entered, stays the same, has nothing to walk)."""
 
     block_size: int
     entries: dict[int, CachedBlock] = field(default_factory=dict)
@@ -41,9 +54,10 @@ class PrefixCache:
     refs: dict[int, list[int]] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)
     free_blocks: int = 0
-    version: int = 0
-    _hits: dict[int, int] = field(default_factory=dict)
-    _hits_version: int = -1
+    evictions: int = 0
+    stores: int = 0
+    _runs: dict[int, CachedRun] = field(default_factory=dict)
+    _runs_evictions: int = 0
 
     def blocks_of(self, req: Request, i: int) -> int:
         """Full KV blocks of ``req``'s prefix block ``i`` (the last one may be partial)."""
@@ -54,30 +68,44 @@ class PrefixCache:
         return self.held.get(req.id, 0) * self.block_size
 
     def lookup(self, req: Request) -> int:
-        """Prompt tokens of ``req`` cached here as a run of blocks from its first (kept per
-        request until a key enters or leaves: the toggle asks of many workers per decision)."""
-        if self._hits_version != self.version:
-            self._hits, self._hits_version = {}, self.version
-        hit = self._hits.get(req.id)
-        if hit is None:
-            hit = self._hits[req.id] = self._run(req, 0, False) * self.block_size
-        return hit
+        """Prompt tokens of ``req`` cached here as a run of blocks from its first (the toggle
+        asks of many workers per decision: each walk goes on from where the last one stopped,
+        and starts over only after an eviction)."""
+        if self._runs_evictions != self.evictions:
+            self._runs, self._runs_evictions = {}, self.evictions
+        run = self._runs.get(req.id)
+        if run is None:
+            run = self._runs[req.id] = CachedRun()
+        if not run.ended and run.stores != self.stores:
+            run.stores = self.stores
+            self._extend(req, run)
+        return run.blocks * self.block_size
+
+    def _extend(self, req: Request, run: CachedRun) -> None:
+        """Walk ``req``'s prefix on from ``run``'s end while its keys are cached; a partial
+        block, its prompt's last, ends the run for good."""
+        whole = req.prefix_block // self.block_size
+        prefix, entries = req.prefix, self.entries
+        while run.keys < len(prefix):
+            entry = entries.get(prefix[run.keys])
+            if entry is None:
+                return
+            run.keys += 1
+            run.blocks += entry.blocks
+            if entry.blocks < whole:
+                break
+        run.ended = True
 
     def unreferenced_run(self, req: Request) -> int:
         """KV blocks of ``req``'s cached run that no request references (referencing them
         makes them used)."""
-        return self._run(req, 0, True)
-
-    def _run(self, req: Request, start: int, unreferenced: bool) -> int:
-        """KV blocks of ``req``'s cached run of prefix blocks from ``start`` (only those nobody
-        references, with ``unreferenced``); a partial block, its prompt's last, ends the run."""
         blocks = 0
         whole = req.prefix_block // self.block_size
-        for key in req.prefix[start:]:
+        for key in req.prefix:
             entry = self.entries.get(key)
             if entry is None:
                 break
-            if not unreferenced or entry.refs == 0:
+            if entry.refs == 0:
                 blocks += entry.blocks
             if entry.blocks < whole:
                 break
@@ -121,24 +149,26 @@ class PrefixCache:
             return 0, 0, 0                   # the next block is not whole yet (most chunks)
         if keys is None:
             keys = self.refs[req.id] = []
-        moved = copies = revived = 0
-        whole = req.prefix_block // self.block_size
-        while i < len(req.prefix):
-            blocks = whole if (i + 1) * req.prefix_block <= req.prompt_len else self.blocks_of(req, i)
-            if blocks == 0 or i * req.prefix_block + blocks * self.block_size > tokens:
+        moved = copies = revived = new = 0
+        prefix, entries, size, span = req.prefix, self.entries, self.block_size, req.prefix_block
+        whole = span // size
+        while i < len(prefix):
+            blocks = whole if (i + 1) * span <= req.prompt_len else self.blocks_of(req, i)
+            if blocks == 0 or i * span + blocks * size > tokens:
                 break
-            key = req.prefix[i]
-            entry = self.entries.get(key)
+            key = prefix[i]
+            entry = entries.get(key)
             if entry is None:
-                self.entries[key] = CachedBlock(blocks, 1)
-                self.held[req.id] = self.held.get(req.id, 0) + blocks
-                self.version += 1
+                entries[key] = CachedBlock(blocks, 1)
+                new += blocks
+                self.stores += 1
             else:
                 revived += self._reference(req, key, entry)
                 copies += blocks
             moved += blocks
             keys.append(key)
             i += 1
+        self.held[req.id] = self.held.get(req.id, 0) + new
         return moved, copies, revived
 
     def release(self, req: Request) -> int:
@@ -164,7 +194,7 @@ class PrefixCache:
             entry = self.entries.pop(key)
             self.free_blocks -= entry.blocks
             blocks -= entry.blocks
-            self.version += 1
+            self.evictions += 1
 
     def clear(self) -> None:
         """Forget every unreferenced cached block."""

@@ -7,18 +7,27 @@ makes a prefill that returns one token and hand-off params naming this server; a
 pulled. Its greedy answer depends only on the prompt, so every path returns the same tokens.
 Timing: ``prefill_s_per_token`` per prompt token (recomputed or not) and ``step_s`` per token.
 ``/health``, ``/v1/models`` and ``/metrics`` (with vLLM's cache_config_info) complete the surface.
+
+Run as a module (``python -m tests.serve.vllm.fake_vllm ARGS``) it serves as a process with vLLM's
+command line (``--port``, ``--served-model-name``; the rest is ignored), so the router can start,
+kill and restart it as it does vLLM (``fake_vllm_python`` writes the stand-in interpreter);
+``FAKE_VLLM_STEP_S`` and ``FAKE_VLLM_PREFILL_S`` (per prompt token) set its pace.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
+import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -52,6 +61,8 @@ class FakeVllm:
     step_s: float = 0.005
     blocks: int = 1024
     block_size: int = 16
+    known_handoffs: bool = True
+    """Refuse a hand-off no fake in this process made (off for a process of its own)."""
     requests: list[dict] = field(default_factory=list)
     pulled: list[dict] = field(default_factory=list)
 
@@ -84,7 +95,7 @@ class FakeVllm:
         if body.get("model") != self.name:
             return JSONResponse({"error": {"message": f"model {body.get('model')} not served"}}, 404)
         if kv.get("do_remote_prefill"):
-            if HANDOFFS.get(kv.get("transfer_id", "")) != prompt:
+            if self.known_handoffs and HANDOFFS.get(kv.get("transfer_id", "")) != prompt:
                 return JSONResponse({"error": {"message": "no such KV hand-off for this prompt"}}, 400)
             self.pulled.append(kv)
         else:
@@ -153,3 +164,28 @@ def running_fake(fake: FakeVllm) -> Iterator[RunningFake]:
     finally:
         if thread.is_alive():
             running.kill()
+
+
+def fake_vllm_python(folder: Path) -> Path:
+    """A stand-in for vLLM's interpreter: given vLLM's command line, it runs this fake instead."""
+    script = folder / "fake-vllm-python"
+    root = Path(__file__).resolve().parents[3]
+    run = f'exec {sys.executable} -m tests.serve.vllm.fake_vllm "$@"'
+    script.write_text(f"#!/bin/sh\nshift 2\ncd {root}\n{run}\n")
+    script.chmod(0o755)
+    return script
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--served-model-name", required=True)
+    args, _ = parser.parse_known_args()
+    fake = FakeVllm(args.served_model_name, step_s=float(os.environ.get("FAKE_VLLM_STEP_S", "0.005")),
+                    prefill_s_per_token=float(os.environ.get("FAKE_VLLM_PREFILL_S", "0.0005")),
+                    known_handoffs=False)
+    uvicorn.run(fake.app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -122,6 +122,12 @@ class Summary:
     ttft_max: float = float("nan")
     prefix_hit_rate: float = 0.0
     migrated_tokens: float = 0.0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rejection_rate(self) -> float:
+        """Requests the admission stage refused, over all requests (each is also a miss)."""
+        return sum(self.rejected.values()) / self.requests if self.requests else 0.0
 
     def as_dict(self) -> dict[str, float | int | dict[str, int]]:
         """Flat keys (``ttft_p90_s``...) for JSON output and reports."""
@@ -132,6 +138,7 @@ class Summary:
             "stream_attainment": self.stream_attainment, "stall_share": self.stall_share,
             "ttft_max_s": self.ttft_max, "prefix_hit_rate": self.prefix_hit_rate,
             "migrated_tokens_mean": self.migrated_tokens,
+            "rejected": dict(self.rejected), "rejection_rate": self.rejection_rate,
         }
         for metric in ("ttft", "tpot", "queueing", "e2e", "itl", "max_gap"):
             dist: Distribution = getattr(self, metric)
@@ -142,7 +149,8 @@ class Summary:
 
 
 def summarize(requests: Sequence[Request], gaps: GapHistogram | None = None) -> Summary:
-    """Aggregate finished requests; unfinished or failed ones count against attainment.
+    """Aggregate finished requests; unfinished, failed or refused ones count against attainment
+    (its denominator is every arrival); refusals are also counted by reason.
 
     ``gaps``: every gap between two tokens, for the ITL percentiles (NaN without it).
     """
@@ -168,6 +176,7 @@ def summarize(requests: Sequence[Request], gaps: GapHistogram | None = None) -> 
         ttft_max=max(ttfts, default=float("nan")),
         prefix_hit_rate=prefix_hit_rate(requests),
         migrated_tokens=sum(r.migrated_tokens for r in requests) / len(requests) if requests else 0.0,
+        rejected=dict(Counter(r.rejected for r in requests if r.rejected is not None)),
     )
 
 

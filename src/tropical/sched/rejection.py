@@ -19,12 +19,13 @@ rejected request never reaches a worker's queue, or leaves it before it holds KV
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from tropical.core.latency.iterations import decode_time
+from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
@@ -78,17 +79,18 @@ class Admission:
 
     def at_arrival(self, req: Request, worker: WorkerState, now: float,
                    workers: Sequence[WorkerState]) -> Refusal | None:
-        """Refuse ``req``, which the policy would prefill on ``worker``, or None to admit it."""
+        """Refuse ``req``, which the policy would prefill on ``worker``, or None to admit it:
+        when no worker that takes arrivals is predicted to give its first token in time."""
         if not self.active:
             return None
-        start = max(now, worker.busy_until)
-        cost = worker.prefill_estimate(req)
-        first_token = start + work_ahead(worker, req, cost) + prefill_tax(worker, req) + cost
+        paths = [w for w in workers if w.alive and w.role.takes_arrivals]
+        first_token, _, best = min((predicted_first_token(req, w, now), w.id, w) for w in paths)
         if first_token - req.arrival > req.slo.ttft:
-            return Refusal(TTFT, f"predicted TTFT {first_token - req.arrival:.3f}s on worker {worker.id} "
-                                 f"exceeds the TTFT SLO {req.slo.ttft:.3f}s", first_token - cost - now)
+            backlog = first_token - best.prefill_estimate(req) - now
+            return Refusal(TTFT, f"predicted TTFT {first_token - req.arrival:.4g}s on worker {best.id} "
+                                 f"exceeds the TTFT SLO {req.slo.ttft:.4g}s", backlog)
         if self.mode is AdmissionMode.PREDICTIVE:
-            return decode_refusal(req, worker, first_token, now, workers)
+            return decode_refusal(req, worker, predicted_first_token(req, worker, now), now, workers)
         return None
 
     def lapsed(self, worker: WorkerState, now: float) -> list[tuple[Request, Refusal]]:
@@ -108,6 +110,13 @@ class Admission:
             else:
                 clock += cost
         return out
+
+
+def predicted_first_token(req: Request, worker: WorkerState, now: float) -> float:
+    """When ``req``'s first token would come on ``worker``: once the worker is free, the
+    prompts ahead of it and its own."""
+    cost = worker.prefill_estimate(req)
+    return max(now, worker.busy_until) + work_ahead(worker, req, cost) + prefill_tax(worker, req) + cost
 
 
 def untouched(req: Request, worker: WorkerState) -> bool:
@@ -141,32 +150,77 @@ def prefill_tax(worker: WorkerState, req: Request) -> float:
 def decode_refusal(req: Request, worker: WorkerState, first_token: float, now: float,
                    workers: Sequence[WorkerState]) -> Refusal | None:
     """Refuse ``req`` if no worker it may decode on (``worker`` itself when that decodes) is
-    predicted to run decode iterations within its TPOT SLO once its prefill ends at ``first_token``."""
-    targets = [worker] if worker.role.decodes else [w for w in workers if w.alive and w.role.decodes]
-    if not targets:
+    predicted to run decode iterations within its TPOT SLO, and those of the requests decoding
+    there, once its prefill ends at ``first_token``."""
+    if worker.role.decodes:
+        targets, joining = [worker], Joining()
+    else:
+        targets = [w for w in workers if w.alive and w.role.decodes]
+        joining = Joining.of([w for w in workers if w.alive and not w.role.decodes], len(targets))
+    loads = [(decode_load(w, req, joining, decode_steps(w, first_token, now) if w is not worker else 0)
+              - min(req.slo.tpot, w.min_tpot()), w.id) for w in targets]
+    if not loads:
         return None
-    iteration, target = min((decode_load(w, req, first_token, now), w.id) for w in targets)
-    if iteration <= req.slo.tpot:
+    over, target = min(loads)
+    if over <= 0:
         return None
-    return Refusal(DECODE_LOAD, f"predicted decode iteration {iteration:.3f}s on worker {target} when its "
-                                f"prefill ends exceeds the TPOT SLO {req.slo.tpot:.3f}s",
+    iteration = over + min(req.slo.tpot, workers[target].min_tpot())
+    return Refusal(DECODE_LOAD, f"predicted decode iteration {iteration:.4g}s on worker {target} when its "
+                                f"prefill ends exceeds the TPOT SLO {iteration - over:.4g}s",
                    max(first_token - now, 0.0) + next_finish(workers[target], now))
 
 
-def decode_load(worker: WorkerState, req: Request, at: float, now: float) -> float:
-    """Predicted time of ``worker``'s decode iterations at ``at`` with ``req`` joining: the
-    running requests that will not have finished by then (each iteration as long as one now),
-    those on their way, the prompts queued there, and ``req``, each at its context by then."""
-    count, context = 1 + len(worker.incoming) + len(worker.waiting), req.prompt_len
-    context += sum(r.prompt_len + r.generated for r in worker.incoming.values())
-    context += sum(r.prompt_len for r in worker.waiting)
-    if worker.running:
-        steps = int(max(0.0, at - max(now, worker.busy_until)) / current_iteration(worker))
-        for r in worker.running.values():
-            done = worker.generated(r) + steps
-            if done < r.output_len:
-                count, context = count + 1, context + r.prompt_len + done
-    return decode_time(worker.latency, count, context)
+@dataclass(frozen=True, slots=True)
+class Joining:
+    """The prompts queued on prefill-only workers, a decoding worker's share of them: they
+    finish before a prompt that arrives now and then decode somewhere (``count`` of them, with
+    ``context`` tokens of KV at their longest)."""
+
+    count: int = 0
+    context: int = 0
+
+    @classmethod
+    def of(cls, prefill: Sequence[WorkerState], decoders: int) -> Joining:
+        queued = [r for w in prefill for r in w.waiting]
+        share = max(decoders, 1)
+        return cls(math.ceil(len(queued) / share), math.ceil(sum(r.kv_tokens for r in queued) / share))
+
+
+def decode_steps(worker: WorkerState, at: float, now: float) -> int:
+    """Decode iterations ``worker`` runs from now until ``at``, each as long as one now."""
+    if not worker.running:
+        return 0
+    return int(max(0.0, at - max(now, worker.busy_until)) / current_iteration(worker))
+
+
+def decode_load(worker: WorkerState, req: Request, joining: Joining, steps: int) -> float:
+    """Predicted time of ``worker``'s decode iterations once ``req`` joins, ``steps`` decode
+    iterations from now: the running requests that will not have finished by then, those on
+    their way, the prompts queued there, those ``joining`` from prefill workers, and ``req``,
+    each at its longest context (it grows while they decode); on a chunked worker with prompts
+    queued now, beside a chunk that fills its token budget (one whose chunks the TPOT slack
+    sizes keeps its decodes' pace) over the context ``mean_cached`` of them. A worker that
+    prefills ``req`` itself runs no decode steps before (``steps`` 0): its prompts come first,
+    or share their iterations."""
+    queued = [*worker.incoming.values(), *worker.waiting]
+    count = 1 + len(queued) + joining.count
+    context = req.kv_tokens + sum(r.kv_tokens for r in queued) + joining.context
+    for r in worker.running.values():
+        if worker.generated(r) + steps < r.output_len:
+            count, context = count + 1, context + r.kv_tokens
+    shape = BatchShape.decode(count, context)
+    rules = worker.rules
+    filled = rules.chunked and rules.tpot_guard is None and worker.waiting_prompt > 0
+    chunk = rules.token_budget - count if filled else 0
+    return worker.latency.iteration_time(shape.plus_prefill(chunk, mean_cached(worker.waiting, req))
+                                         if chunk > 0 else shape)
+
+
+def mean_cached(prompts: Iterable[Request], req: Request) -> int:
+    """The context a chunk of these prompts and ``req`` has cached before it, on average over
+    their tokens (a chunk at a prompt's token t follows t of them: half a prompt, by tokens)."""
+    lengths = [r.prompt_len for r in prompts] + [req.prompt_len]
+    return sum(n * n for n in lengths) // (2 * sum(lengths))
 
 
 def current_iteration(worker: WorkerState) -> float:

@@ -82,14 +82,15 @@ class InFlight:
         """The scheduler has dropped ``rid``: its tokens will not be stepped again."""
         self.sequences.pop(rid, None)
 
-    def fail(self, req: Request, reason: str) -> None:
+    def fail(self, req: Request, reason: str, status: int = 503) -> None:
         """End ``req``'s stream with ``reason`` (unless it ended, or was re-run as a new request):
-        the cluster has dropped it, so the server could not serve it (503)."""
+        the cluster has dropped it, so the server could not serve it (503), or refused it while
+        it queued (429)."""
         handle = self.handles.get(req.id)
         if handle is None or handle.req is not req:
             return
         self.sequences.pop(req.id, None)
-        self.end_with_error(handle, reason, 503)
+        self.end_with_error(handle, reason, status)
 
     def end_with_error(self, handle: RequestHandle, reason: str, status: int) -> None:
         """End a stream with an error event mapped to ``status`` (503: the server could not serve

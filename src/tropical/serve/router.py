@@ -45,11 +45,12 @@ SHUTTING_DOWN = "the server is shutting down"
 
 class Rejected(Exception):
     """The router will not take a request now; ``status`` is 429 (overloaded) or 503 (unavailable)
-    or 400 (it can never run here)."""
+    or 400 (it can never run here); ``retry_after``: seconds until the predicted backlog that
+    refused it clears (the admission stage's refusals)."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry_after: float | None = None) -> None:
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.retry_after = status, reason, retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +156,19 @@ class Router:
         effects = self.cluster.arrive(req, now)
         refused = refusal(effects)
         if refused is not None:
-            raise Rejected(503 if refused.startswith(NO_LIVE_WORKER) else 400, refused)
+            raise self._rejected(effects, refused)
         handle = self.inflight.open(req, submission)
         self._carry_out(effects)
         return handle
+
+    def _rejected(self, effects: list[Effect], reason: str) -> Rejected:
+        """What refusing an arriving request answers: the admission stage's refusal is a 429
+        (counted by its reason), one the request can never pass a 503 or a 400."""
+        admission = next((e.refusal for e in effects if isinstance(e, Fail) and e.refusal), None)
+        if admission is not None:
+            self.metrics.record_rejection(admission.reason)
+            return Rejected(429, reason, admission.retry_after)
+        return Rejected(503 if reason.startswith(NO_LIVE_WORKER) else 400, reason)
 
     def abort(self, rid: int) -> None:
         """The client went away: stop generating and free the request's KV at the next boundary."""
@@ -181,7 +191,9 @@ class Router:
             elif isinstance(effect, Free):
                 self.drivers[effect.worker_id].free(effect.request_id)
             elif isinstance(effect, Fail):
-                self.inflight.fail(effect.request, effect.reason)
+                if effect.refusal is not None:
+                    self.metrics.record_rejection(effect.refusal.reason)
+                self.inflight.fail(effect.request, effect.reason, 503 if effect.refusal is None else 429)
 
     async def _drive(self, driver: WorkerDriver) -> None:
         """Run this worker's iterations back to back while it has work; sleep otherwise. A bug in

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -193,6 +194,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+def refused(reason: str, retry_after: float | None = None) -> JSONResponse:
+    """429 before any work: OpenAI's rate-limit error saying why, when to retry (whole seconds,
+    at least one: the predicted backlog where the admission stage knows it) and the reason header."""
+    seconds = max(1, math.ceil(retry_after or 0.0))
+    return JSONResponse(APIError(429, reason, "rate_limit_exceeded", code="rejected").body(), status_code=429,
+                        headers={"Retry-After": str(seconds), "x-tropical-reason": reason})
+
+
 def too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than this server's limit of {limit / MIB:g} MiB "
                          f"(--max-body-mb)", code="request_too_large")
@@ -212,8 +221,9 @@ async def generate(state: ServerState, request: Request,
     try:
         handle = router.submit(submission)
     except Rejected as exc:
-        kind = "rate_limit_exceeded" if exc.status == 429 else (
-            "invalid_request_error" if exc.status == 400 else "server_error")
+        if exc.status == 429:
+            return refused(exc.reason, exc.retry_after)
+        kind = "invalid_request_error" if exc.status == 400 else "server_error"
         raise APIError(exc.status, exc.reason, kind) from exc
     reply = Reply(state, router, handle, gen, f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}")
     try:
@@ -223,6 +233,8 @@ async def generate(state: ServerState, request: Request,
         raise
     if first is None:
         return Response(status_code=499)
+    if first.error is not None and first.status == 429:
+        return refused(first.error)
     if first.error is not None:
         raise APIError(first.status, first.error, "server_error")
     if gen.stream:

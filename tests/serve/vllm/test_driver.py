@@ -1,5 +1,6 @@
 """`tropical serve --engine vllm` against fake vLLM instances: both paths, the P/D hand-off
-protocol, greedy equality with a single instance, SLO headers, API key and a killed instance."""
+protocol, greedy equality with a single instance, SLO headers, API key, a killed instance, and
+every policy."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.factories import linear_model
 from tests.live_server import eventually
 from tests.serve.vllm.fake_vllm import FakeVllm, RunningFake, answer, running_fake
 from tropical.engine.loader import load_model
+from tropical.sched.registry import make_policy, policy_names
 from tropical.serve.options import ServeOptions
 from tropical.serve.process import free_port
 from tropical.serve.server import build_app, server_state
@@ -200,3 +202,21 @@ def test_attached_instances_name_the_model_clients_use(profile: Path, tmp_path: 
             body = {"model": "served-as", "prompt": PROMPT}
             reply = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
             assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_every_policy_runs_over_vllm(name: str, profile: Path, tmp_path: Path) -> None:
+    roles = make_policy(name).roles(2)
+    with ExitStack() as stack:
+        fakes = [stack.enter_context(running_fake(FakeVllm(MODEL))) for _ in roles]
+        urls = ",".join(f"{role.value}={fake.url}" for role, fake in zip(roles, fakes, strict=True))
+        options = ServeOptions(model=MODEL, engine="vllm", policy=name, worker_urls=urls,
+                               profile=str(profile), port=free_port(), vllm_out=str(tmp_path))
+        with serving(options) as url:
+            replies = [httpx.post(f"{url}/v1/completions", timeout=30, json={
+                "model": MODEL, "prompt": PROMPT, "max_tokens": 16, "temperature": 0}) for _ in range(3)]
+    assert [r.status_code for r in replies] == [200] * 3, replies[0].text
+    tokenizer = load_model(MODEL).tokenizer
+    assert {r.json()["choices"][0]["text"] for r in replies} == {
+        tokenizer.decode(answer(tokenizer.encode(PROMPT), 16, 512, None))}
+    assert sum(len(f.fake.requests) for f in fakes) >= 3

@@ -61,12 +61,23 @@ class FlatBatch:
 
 
 def _reserve(spans: list[Span], cache: PagedKVCache) -> None:
-    """Check the whole batch fits before growing any sequence, so a failed build changes nothing."""
+    """Start new sequences on their cached prefix, then check the whole batch fits before growing
+    any sequence, so a failed build changes nothing."""
     seq_ids = [span.seq_id for span in spans]
     if len(set(seq_ids)) != len(seq_ids):
         raise ValueError("a batch holds at most one span per sequence")
-    needed = sum(cache.blocks_needed(span.seq_id, span.total) for span in spans)
-    if needed > cache.num_free_blocks:
-        raise MemoryError(f"KV cache out of blocks: batch needs {needed}, {cache.num_free_blocks} free")
+    started = []
+    try:
+        for span in spans:
+            if not cache.has(span.seq_id):
+                cache.begin(span)
+                started.append(span.seq_id)
+        needed = sum(cache.blocks_needed(span.seq_id, span.total) for span in spans)
+        if needed > cache.num_free_blocks:
+            raise MemoryError(f"KV cache out of blocks: batch needs {needed}, {cache.num_free_blocks} free")
+    except (MemoryError, ValueError):
+        for seq_id in started:
+            cache.free(seq_id)
+        raise
     for span in spans:
         cache.ensure(span.seq_id, span.total)

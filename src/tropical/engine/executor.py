@@ -21,6 +21,8 @@ class Executor:
     def run(self, spec: StepSpec) -> dict[int, int]:
         """One forward pass over ``spec.spans``; the sampled token of every row in ``spec.samples``."""
         logits = self.model(FlatBatch.build(spec.spans, self.cache), self.cache)
+        for span in spec.spans:
+            self.cache.store(span)
         if not spec.samples:
             return {}
         row_of = {span.seq_id: i for i, span in enumerate(spec.spans)}

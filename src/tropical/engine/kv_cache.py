@@ -1,4 +1,10 @@
-"""Preallocated paged KV cache: fixed-size blocks handed to sequences on demand, so memory never fragments."""
+"""Preallocated paged KV cache: fixed-size blocks handed to sequences on demand, so memory never fragments.
+
+Full prompt blocks named by their chained hash (``block_hash``) stay cached after their sequence ends
+(see ``BlockPool``); a sequence that starts with a cached run of its prompt's names reuses those blocks
+instead of computing them. Tokens it recomputes inside the run (a hit stops one token short of its
+prompt) are written again into the shared block, with the values the block already holds.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,10 @@ from collections.abc import Hashable
 
 import torch
 
+from tropical.engine.block_pool import BlockPool
 from tropical.engine.config import ModelConfig
+from tropical.engine.kv_events import KVEvent
+from tropical.sched.step import Span
 
 
 class PagedKVCache:
@@ -33,8 +42,9 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.pool = BlockPool(num_blocks, block_size)
         self._tables: dict[Hashable, list[int]] = {}
+        self._stored: dict[Hashable, int] = {}
 
     @property
     def device(self) -> torch.device:
@@ -42,11 +52,21 @@ class PagedKVCache:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks no sequence references (cached ones count: they are evicted when needed)."""
+        return self.pool.num_free
 
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.pool.num_free
+
+    @property
+    def cached_hashes(self) -> set[int]:
+        """Names of the prompt blocks cached now, referenced or not."""
+        return self.pool.cached_hashes
+
+    def take_events(self) -> list[KVEvent]:
+        """What entered and left the cache since the last call."""
+        return self.pool.take_events()
 
     def blocks_needed(self, seq_id: Hashable, tokens: int) -> int:
         """Extra blocks `ensure(seq_id, tokens)` would take; lets callers check a whole batch up front."""
@@ -56,17 +76,38 @@ class PagedKVCache:
     def ensure(self, seq_id: Hashable, tokens: int) -> None:
         """Grow the sequence's blocks to hold `tokens` tokens; all or nothing."""
         needed = self.blocks_needed(seq_id, tokens)
-        if needed > len(self._free):
+        if needed > self.pool.num_free:
             raise MemoryError(
                 f"KV cache out of blocks: sequence {seq_id!r} needs {needed} more for {tokens} tokens, "
-                f"{len(self._free)} of {self.num_blocks} free"
+                f"{self.pool.num_free} of {self.num_blocks} free"
             )
-        table = self._tables.setdefault(seq_id, [])
-        table.extend(self._free.pop() for _ in range(needed))
+        self._tables.setdefault(seq_id, []).extend(self.pool.allocate(needed))
+
+    def begin(self, span: Span) -> None:
+        """A new sequence starts on the cached run of its prompt's blocks, which must cover the
+        ``span.cached`` tokens its planner counted as computed (a span that names no blocks gets
+        fresh ones for them)."""
+        run = self.pool.cached_run(span.block_hashes)
+        if span.block_hashes and len(run) * self.block_size < span.cached:
+            self.pool.free(run[::-1])
+            raise ValueError(f"sequence {span.seq_id!r} starts after {span.cached} cached tokens, but only "
+                             f"{len(run) * self.block_size} of its prompt are cached here")
+        self._tables[span.seq_id] = run
+        self._stored[span.seq_id] = len(run)
+
+    def store(self, span: Span) -> None:
+        """``span`` is computed: the full prompt blocks it completed enter the cache."""
+        full = min(span.total // self.block_size, len(span.block_hashes))
+        start = self._stored.get(span.seq_id, 0)
+        if full > start:
+            self.pool.store(self._tables[span.seq_id], start, span.block_hashes[:full])
+            self._stored[span.seq_id] = full
 
     def free(self, seq_id: Hashable) -> None:
-        """Return the sequence's blocks ; unknown ids are ignored so finishing twice is harmless."""
-        self._free.extend(reversed(self._tables.pop(seq_id, [])))
+        """Drop the sequence's blocks, tail first (cached ones stay cached); unknown ids are
+        ignored so finishing twice is harmless."""
+        self._stored.pop(seq_id, None)
+        self.pool.free(self._tables.pop(seq_id, [])[::-1])
 
     def has(self, seq_id: Hashable) -> bool:
         return seq_id in self._tables

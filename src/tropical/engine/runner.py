@@ -15,6 +15,7 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.core.sampling import SamplingParams
+from tropical.engine.block_hash import block_hashes
 from tropical.engine.executor import Executor
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.model import LlamaModel
@@ -55,10 +56,10 @@ class EngineWorker:
 
     def __init__(self, model: LlamaModel, cache: PagedKVCache, rules: BatchRules | None = None,
                  latency: LatencyModel = UNPRICED, eos_ids: frozenset[int] = frozenset(),
-                 worker_id: int = 0) -> None:
+                 worker_id: int = 0, prefix_cache: bool = False) -> None:
         self.executor = Executor(model, cache)
         state = worker_state(worker_id, Role.COLOCATED, rules or BatchRules(), cache.num_blocks,
-                             cache.block_size, latency)
+                             cache.block_size, latency, prefix_cache)
         self.cluster = Cluster([state], ColocatedPolicy(state.rules.token_budget))
         self.eos_ids = eos_ids
         self.sequences: dict[int, TokenSequence] = {}
@@ -77,9 +78,13 @@ class EngineWorker:
 
     def submit(self, req: Request, prompt_ids: list[int], sampling: SamplingParams) -> None:
         """Queue ``req``; its ``output_len`` is the max tokens to generate. Raises ValueError for a
-        request this worker can never hold."""
+        request this worker can never hold. With a prefix cache, ``req`` gets its prompt's block
+        names (``prefix``) here, so its cached prefix is found."""
         if req.id in self.sequences:
             raise ValueError(f"request {req.id} is already on worker {self.state.id}")
+        if self.state.kv.cache is not None:
+            size = self.cache.block_size
+            req.prefix, req.prefix_block = block_hashes(prompt_ids, size), size
         seq = TokenSequence(req, list(prompt_ids), sampling)
         refused = next((e.reason for e in self.cluster.arrive(req, req.arrival) if isinstance(e, Fail)), None)
         if refused is not None:

@@ -16,11 +16,14 @@ from tropical.sched.batching import Batch
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """New tokens of one sequence, placed after `cached` tokens already in the cache."""
+    """New tokens of one sequence, placed after `cached` tokens already in the cache; a prompt's
+    span names its full blocks (`block_hashes`, its request's ``prefix``) so that the engine's
+    prefix cache can find and keep them."""
 
     seq_id: Hashable
     token_ids: list[int]
     cached: int
+    block_hashes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -84,7 +87,7 @@ def step_spec(batch: Batch, decoding: Iterable[int], sequences: Mapping[int, Tok
     samples = [SampleRow(s.req.id, s.params, len(s.output)) for s in seqs]
     for req, new, cached in batch.prefills:
         seq = sequences[req.id]
-        spans.append(Span(req.id, seq.prompt[cached:cached + new], cached))
+        spans.append(Span(req.id, seq.prompt[cached:cached + new], cached, req.prefix))
         if cached + new == req.prompt_len:
             samples.append(SampleRow(req.id, seq.params, 0))
     return StepSpec(spans, samples)

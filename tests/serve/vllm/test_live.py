@@ -1,6 +1,7 @@
 """`tropical serve --engine vllm` over real vLLM instances (1 prefill + 1 multiplexing, SmolLM2,
-NIXL hand-off on CPU). Runs only where `bash scripts/setup-vllm.sh` has installed vLLM into
-.venv-vllm; CI does not, so there it is skipped with that message. Slow: minutes to start."""
+NIXL hand-off on CPU), and a killed instance revived. Runs only where `bash scripts/setup-vllm.sh`
+has installed vLLM into .venv-vllm; CI does not, so there it is skipped with that message. Slow:
+minutes to start."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live_server import LiveServer, live_server
+from tests.live_server import LiveServer, eventually, live_server
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="vLLM is not installed: run "
@@ -60,11 +61,20 @@ def test_the_hand_off_is_measured(server: LiveServer) -> None:
     assert after == count + 1 and after_seconds > seconds
 
 
-def test_a_killed_prefill_instance_is_survived(server: LiveServer) -> None:
-    """Last in the module: it leaves the server with one instance."""
+def test_a_killed_prefill_instance_is_survived_and_revived(server: LiveServer) -> None:
+    """Last in the module: it restarts an instance (minutes)."""
     prefill = server.health()["workers"][0]
     os.kill(prefill["pid"], signal.SIGKILL)
     reply = chat(server)
     assert reply.status_code == 200, reply.text
     assert "Paris" in reply.json()["choices"][0]["message"]["content"]
-    assert [w["alive"] for w in server.health()["workers"]] == [False, True]
+
+    def revived() -> bool:
+        health = httpx.get(f"{server.url}/health", timeout=10).json()
+        workers = health.get("workers", [])
+        restarted = workers[0]["pid"] != prefill["pid"]
+        return health["status"] == "ok" and all(w["alive"] for w in workers) and restarted
+
+    assert eventually(revived, 900), server.health()
+    again = chat(server)
+    assert again.status_code == 200 and again.headers["x-tropical-path"] == "prefill", again.text

@@ -54,6 +54,8 @@ class SimResult:
     roles: list[Role]
     worker_stats: list[WorkerStats]
     sim_wall_s: float
+    decision_us: tuple[float, float] = (0.0, 0.0)
+    """P50 and P99 of the wall time of one decision (an arrival or an iteration's end)."""
 
     def as_dict(self) -> dict:
         """The CLI's JSON object."""
@@ -74,6 +76,8 @@ class SimResult:
                 for role, s in zip(self.roles, self.worker_stats, strict=True)
             ],
             "sim_wall_s": self.sim_wall_s,
+            "decision_p50_us": self.decision_us[0],
+            "decision_p99_us": self.decision_us[1],
             "native": running(),
         }
 
@@ -130,4 +134,13 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     wall = time.perf_counter() - started
     gaps = GapHistogram.merged(w.gaps.histogram for w in workers)
     return SimResult(exp, summarize(requests, gaps), requests, [w.role for w in workers],
-                     sim.stats, wall)
+                     sim.stats, wall, decision_percentiles(sim.decision_s))
+
+
+def decision_percentiles(seconds: list[float]) -> tuple[float, float]:
+    """P50 and P99 of decision times, in microseconds (zeros when none was made)."""
+    if not seconds:
+        return 0.0, 0.0
+    ranked = sorted(seconds)
+    p50, p99 = (ranked[min(len(ranked) - 1, int(q * len(ranked)))] * 1e6 for q in (0.50, 0.99))
+    return p50, p99

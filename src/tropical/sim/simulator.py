@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +64,10 @@ class WorkerStats:
 
 
 class Simulator:
-    """Replays requests through a policy on a set of workers; deterministic for its inputs."""
+    """Replays requests through a policy on a set of workers; deterministic for its inputs.
+    ``decision_s``: the wall time of each decision the cluster made (an arrival, or an
+    iteration's end: the policy's choices with the bookkeeping they read), for what a live
+    router would spend per event."""
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
                  requests: Sequence[Request], max_context: int | None = None,
@@ -88,6 +92,7 @@ class Simulator:
         self._seq = itertools.count()
         self._flights: dict[int, Flight] = {}
         self._versions = itertools.count()
+        self.decision_s: list[float] = []
 
     def run(self) -> list[Request]:
         """Simulate until every request has finished or failed; returns them in arrival order."""
@@ -114,7 +119,10 @@ class Simulator:
         heapq.heappush(self._events, (time, next(self._seq), kind, payload))
 
     def _arrive(self, req: Request) -> None:
-        self._carry_out(self.cluster.arrive(req, self.now))
+        started = time.perf_counter()
+        effects = self.cluster.arrive(req, self.now)
+        self.decision_s.append(time.perf_counter() - started)
+        self._carry_out(effects)
         if req.error is None:
             self._honor_checks()
 
@@ -214,7 +222,9 @@ class Simulator:
         stats.iterations += steps
         if run is None:
             stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
+        started = time.perf_counter()
         booking = self.cluster.book(worker_id, flight.batch, self.now, steps, first=first, growth=growth)
+        self.decision_s.append(time.perf_counter() - started)
         for req in booking.prefilled:
             stats.prompt_tokens += req.prompt_len
             stats.cached_tokens += req.cached

@@ -22,7 +22,8 @@ class Assignment:
     """Prefill ``request`` on worker ``worker_id``; ``path`` and ``reason`` are recorded on it.
 
     ``from_worker`` names the worker whose queue the request leaves (a reassignment); ``yields``:
-    the request gives up its place there for good (see ``Request.yielded``).
+    the request gives up its place there for good (see ``Request.yielded``); ``first_token``: when
+    the policy predicts its first token on this path, where it predicts one (admission reads it).
     """
 
     request: Request
@@ -31,6 +32,7 @@ class Assignment:
     reason: str
     from_worker: int | None = None
     yields: bool = False
+    first_token: float | None = None
 
 
 def apply(assignment: Assignment, workers: Sequence[WorkerState]) -> WorkerState:

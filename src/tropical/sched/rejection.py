@@ -77,20 +77,24 @@ class Admission:
     def active(self) -> bool:
         return self.mode is not AdmissionMode.NONE
 
-    def at_arrival(self, req: Request, worker: WorkerState, now: float,
+    def at_arrival(self, req: Request, placed: Assignment, now: float,
                    workers: Sequence[WorkerState]) -> Refusal | None:
-        """Refuse ``req``, which the policy would prefill on ``worker``, or None to admit it:
-        when no worker that takes arrivals is predicted to give its first token in time."""
+        """Refuse ``req``, which the policy placed as ``placed`` says, or None to admit it: when
+        neither the policy's prediction for that path nor that of any worker taking arrivals
+        gives its first token in time."""
         if not self.active:
             return None
+        worker = workers[placed.worker_id]
         paths = [w for w in workers if w.alive and w.role.takes_arrivals]
         first_token, _, best = min((predicted_first_token(req, w, now), w.id, w) for w in paths)
-        if first_token - req.arrival > req.slo.ttft:
+        chosen = placed.first_token if placed.first_token is not None else math.inf
+        if min(first_token, chosen) - req.arrival > req.slo.ttft:
             backlog = first_token - best.prefill_estimate(req) - now
             return Refusal(TTFT, f"predicted TTFT {first_token - req.arrival:.4g}s on worker {best.id} "
                                  f"exceeds the TTFT SLO {req.slo.ttft:.4g}s", backlog)
         if self.mode is AdmissionMode.PREDICTIVE:
-            return decode_refusal(req, worker, predicted_first_token(req, worker, now), now, workers)
+            ends = min(chosen, predicted_first_token(req, worker, now))
+            return decode_refusal(req, worker, ends, now, workers)
         return None
 
     def lapsed(self, worker: WorkerState, now: float) -> list[tuple[Request, Refusal]]:
@@ -243,4 +247,4 @@ def arrival_refusal(admission: Admission, req: Request, assignments: Sequence[As
     placed = next((a for a in assignments if a.request is req), None)
     if placed is None:
         return None
-    return admission.at_arrival(req, workers[placed.worker_id], now, workers)
+    return admission.at_arrival(req, placed, now, workers)

@@ -128,7 +128,8 @@ class TropicalPolicy(Policy):
         best, finish = self._path1(req, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
-                               f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)")]
+                               f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
+                               first_token=finish)]
         options = [(done, w.id, w) for w in multiplex
                    if (done := self._multiplex_finish(req, w, None, now)) is not None
                    and self._worth(req, done, finish)]
@@ -140,7 +141,7 @@ class TropicalPolicy(Policy):
         self._plan_checks(req, multiplex, {}, now, finish)
         return [Assignment(req, best.id, PrefillPath.FALLBACK,
                            f"TTFT at risk (predicted {finish - req.arrival:.3f}s > "
-                           f"SLO {req.slo.ttft:.3f}s); no multiplexing worker had slack")]
+                           f"SLO {req.slo.ttft:.3f}s); no multiplexing worker had slack", first_token=finish)]
 
     def on_iteration_end(self, worker: WorkerState, now: float,
                          workers: Sequence[WorkerState]) -> list[Assignment]:
@@ -267,7 +268,7 @@ class TropicalPolicy(Policy):
         return Assignment(req, worker.id, PrefillPath.MULTIPLEX,
                           f"TTFT at risk on prefill workers (predicted {path1_finish - req.arrival:.3f}s "
                           f"> SLO {req.slo.ttft:.3f}s); multiplexed, predicted {finish - req.arrival:.3f}s",
-                          source)
+                          source, first_token=finish)
 
     def _multiplex_finish(self, req: Request, worker: WorkerState, plan: Pending | None,
                           now: float) -> float | None:

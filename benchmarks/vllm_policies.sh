@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The paper's comparison on one engine: the same two vLLM instances (CPU build, SmolLM2) behind
-# tropical serve --engine vllm with each policy, replaying the same trace slice.
+# The paper's comparison over vLLM, repeated: the same two vLLM instances (CPU build, SmolLM2) behind
+# tropical serve --engine vllm with each policy, replaying the same trace slice at several rates,
+# several times each, and every run beside its twin's prediction (benchmarks/vllm_policies_twin.py).
 #   vllm-chunked: vLLM's own chunked prefill on both instances, fewest-unfinished-tokens routing
 #   disagg:       1 prefill + 1 decode instance, KV handed off through NIXL (DistServe's split)
-#   tropical, tropical+: 1 prefill + 1 multiplexing instance, the toggle deciding on the shadows
+#   tropical, tropical+: 1 prefill + 1 multiplexing instance, the toggle deciding on sched.Cluster's
+#                 mirrors of the instances
 # Both instances are started once with the NIXL connector in role kv_both, so every policy routes
-# the very same processes; each policy gets its own router. Not run in CI (vLLM, ~minutes per policy).
+# the very same processes; each run gets its own router. Not run in CI (vLLM, ~1 minute per run).
 #
 # Usage: bash benchmarks/vllm_policies.sh
-# Knobs (environment): LIMIT, LENGTH_SCALE, RATE_SCALE, SLO_TTFT_MS, SLO_TPOT_MS, POLICIES, OUT, GRID,
-# NIXL_POLL_DELAY_US (the opt-in CPU workaround of docs/vllm.md, on here; 0 turns it off).
-# Results: $OUT/<policy>/summary.json and a Markdown table on stdout (benchmarks/vs_vllm_report.py).
+# Knobs (environment): LIMIT, LENGTH_SCALE, RATE_SCALES, REPEATS, SLO_TTFT_MS, SLO_TPOT_MS, POLICIES,
+# OUT, GRID, NIXL_POLL_DELAY_US (the opt-in CPU workaround of docs/vllm.md, on here; 0 turns it off).
+# Results: $OUT/<policy>/rate-<scale>/run-<k>/ (tropical bench's output), $OUT/twin.json and a
+# Markdown table on stdout: each policy's goodput, mean (min..max) over the repeats, beside its twin's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +22,10 @@ OUT=${OUT:-out/vllm_policies}
 NAME=smollm2
 DTYPE=float32
 MAX_MODEL_LEN=2048
-LIMIT=${LIMIT:-16}
+LIMIT=${LIMIT:-24}
 LENGTH_SCALE=${LENGTH_SCALE:-0.05}
-RATE_SCALE=${RATE_SCALE:-0.1}
+RATE_SCALES=${RATE_SCALES:-"0.1 0.15 0.2"}
+REPEATS=${REPEATS:-3}
 SLO_TTFT_MS=${SLO_TTFT_MS:-3000}
 SLO_TPOT_MS=${SLO_TPOT_MS:-300}
 POLICIES=${POLICIES:-"vllm-chunked disagg tropical tropical+"}
@@ -78,8 +82,8 @@ worker_urls() {  # worker_urls POLICY: the roles this policy gives the two insta
     esac
 }
 
-run_policy() {  # run_policy POLICY: a router over the running instances, the trace slice, stop
-    local policy=${1#vllm-} dir=$OUT/$1 logfile=$OUT/router-$1.log url=http://127.0.0.1:$ROUTER_PORT
+run_policy() {  # run_policy POLICY RATE_SCALE REPEAT: a router over the instances, the trace slice, stop
+    local policy=${1#vllm-} dir=$OUT/$1/rate-$2/run-$3 logfile=$OUT/router-$1.log url=http://127.0.0.1:$ROUTER_PORT
     rm -rf "$dir"
     setsid .venv/bin/tropical serve --engine vllm --policy "$policy" --worker-urls "$(worker_urls "$1")" \
         --model "$OUT/$NAME" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" \
@@ -87,10 +91,10 @@ run_policy() {  # run_policy POLICY: a router over the running instances, the tr
         --port "$ROUTER_PORT" >"$logfile" 2>&1 &
     local router=$!
     wait_up "$url/health" "$router" "$logfile"
-    log "$1: replaying $LIMIT requests (length x$LENGTH_SCALE, rate x$RATE_SCALE)"
+    log "$1, rate x$2, run $3: replaying $LIMIT requests (length x$LENGTH_SCALE)"
     .venv/bin/tropical bench --url "$url" --model "$NAME" --trace conversation --limit "$LIMIT" \
-        --length-scale "$LENGTH_SCALE" --rate-scale "$RATE_SCALE" \
-        --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" --out "$dir" --json >&2
+        --length-scale "$LENGTH_SCALE" --rate-scale "$2" \
+        --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" --out "$dir" --json >/dev/null
     curl -s "$url/metrics" >"$dir/router-metrics.txt"
     kill -TERM -- "-$router" 2>/dev/null || true
     wait "$router" 2>/dev/null || true
@@ -105,6 +109,9 @@ for i in 0 1; do wait_up "http://127.0.0.1:${PORTS[$i]}/v1/models" "${instance_p
 log "both instances are up"
 [[ -f $OUT/profile.json ]] || .venv/bin/tropical profile --server "http://127.0.0.1:${PORTS[0]}" \
     --model "$OUT/$NAME" --grid "$GRID" --out "$OUT/profile.json" >&2
-for policy in $POLICIES; do run_policy "$policy"; done
-read -r -a names <<<"$POLICIES"
-.venv/bin/python benchmarks/vs_vllm_report.py "$OUT" "${names[@]}"
+for repeat in $(seq 1 "$REPEATS"); do  # repeats outermost: a slow spell of the machine hits every policy
+    for rate in $RATE_SCALES; do
+        for policy in $POLICIES; do run_policy "$policy" "$rate" "$repeat"; done
+    done
+done
+SLO_TTFT_MS=$SLO_TTFT_MS SLO_TPOT_MS=$SLO_TPOT_MS .venv/bin/python benchmarks/vllm_policies_twin.py "$OUT"

@@ -6,6 +6,11 @@ run an iteration or finished one, KV landed, a client left, a worker died or cam
 out the effects the Cluster returns: wake a worker, move a request's KV, free KV in a worker's cache,
 fail a request. Admission, apply-then-wake, stamping the prefill start, booking an iteration,
 migrate-or-stall, retrying stalled migrations and the iteration-end gate are written here once.
+
+Workers come in two kinds. A stepped worker (the simulator's, our engine's) runs the iteration the
+Cluster plans (``plan``) and reports its tokens (``book``). A self-scheduled one (a vLLM instance)
+plans its own and shows only its streams: the Cluster keeps a mirror of it (``sched.mirror``),
+booked from what they show (``observe``) and replanned as work reaches it (``replan``).
 """
 
 from __future__ import annotations

@@ -307,6 +307,9 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
         "vllm_out": "folder for the vLLM instances' logs",
         "nixl_poll_delay_us": "CPU only, opt-in: let NIXL's progress thread sleep this long between polls "
                               "(it spins a core otherwise; docs/vllm.md)",
+        "prefix_cache": "on (default, as vLLM): each worker reuses the KV of prompt prefixes it computed "
+                        "(usage.prompt_tokens_details.cached_tokens says how much); off: every prompt "
+                        "is computed whole",
         "iteration_log": "write every iteration (worker, batch shape, wall, compute and predicted "
                          "seconds) to this file as JSON lines; tropical fidelity prices its twin by them",
     }

@@ -13,10 +13,11 @@ from tropical.engine.block_hash import block_hashes
 from tropical.engine.block_pool import BlockPool
 from tropical.engine.config import ModelConfig
 from tropical.engine.kv_cache import PagedKVCache
-from tropical.engine.kv_events import BlockRemoved, BlockStored, replay
+from tropical.engine.kv_events import BlockRemoved, BlockStored, follow, replay
 from tropical.engine.model import LlamaModel
 from tropical.engine.runner import EngineWorker, FinishedRequest
 from tropical.engine.sampling import SamplingParams
+from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.rules import BatchRules
 from tropical.sched.step import Span
 
@@ -81,7 +82,7 @@ def test_logits_with_a_cached_prefix_match_a_full_prefill(model: LlamaModel) -> 
 def _forward(model: LlamaModel, cache: PagedKVCache, span: Span) -> torch.Tensor:
     with torch.no_grad():
         logits = model(FlatBatch.build([span], cache), cache)
-    cache.store(span)
+    cache.store(span.seq_id, span.total, span.block_hashes)
     return logits
 
 
@@ -179,3 +180,41 @@ def test_freed_blocks_are_evicted_least_recently_freed_and_tail_first() -> None:
     pool.allocate(2)
     assert pool.cached_hashes == {names[0]}
     assert pool.take_events()[-1] == BlockRemoved((names[2], names[1]))
+
+
+def test_a_model_following_the_events_drops_what_the_worker_evicted_and_keeps_what_it_stored_again() -> None:
+    pool = BlockPool(2, BLOCK)
+    names = block_hashes(list(range(8)), BLOCK)
+    model = PrefixCache(BLOCK)
+    req = Request(0, 0.0, 8, 1, SLO(1.0, 1.0), prefix=names, prefix_block=BLOCK)
+    model.store(req, 8)
+    model.release(req)
+    first = pool.allocate(2)
+    pool.store(first, 0, names)
+    pool.free(first[::-1])
+    again = pool.allocate(2)                                   # evicts both, then stores the first again
+    pool.store(again, 0, names[:1])
+    assert follow(model, pool.take_events()) == []
+    assert set(model.entries) == {names[0]} == pool.cached_hashes
+    assert model.free_blocks == 1
+
+
+def test_migrated_kv_lands_after_the_targets_cached_prefix_and_enters_its_cache(model: LlamaModel) -> None:
+    prompt = SHARED
+    hashes = block_hashes(prompt, BLOCK)
+    source, target = PagedKVCache(CONFIG, 32, BLOCK), PagedKVCache(CONFIG, 32, BLOCK)
+    _forward(model, source, Span("a", prompt, 0, hashes))
+    _forward(model, target, Span("old", prompt[:8], 0, hashes[:2]))
+    target.free("old")
+    target.import_("a", source.export("a", len(prompt) - 8, start=8), start=8, block_hashes=hashes)
+    assert target.cached_hashes == set(hashes) and target.used_blocks == len(target.block_table("a"))
+    step = Span("a", [5], len(prompt))
+    assert (_forward(model, target, step) - _forward(model, source, step)).abs().max() <= 1e-4
+
+
+def test_an_import_refuses_a_prefix_its_target_does_not_hold() -> None:
+    cache = PagedKVCache(CONFIG, 8, BLOCK)
+    buffer = torch.zeros(CONFIG.num_hidden_layers, 2, 4, CONFIG.num_key_value_heads, CONFIG.head_dim)
+    with pytest.raises(ValueError, match="only 0 of its prompt are cached"):
+        cache.import_("a", buffer, start=8, block_hashes=block_hashes(list(range(12)), BLOCK))
+    assert cache.used_blocks == 0 and not cache.has("a")

@@ -128,13 +128,14 @@ class FakeWorker:
         return self.latency.iteration_time(BatchShape.of_batch(prefills, len(decodes), context))
 
     @contextlib.asynccontextmanager
-    async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[int]:
+    async def exported(self, seq_id: int, tokens: int, start: int = 0) -> AsyncIterator[int]:
         if not self.alive:
             raise WorkerDied(f"worker {self.worker_id} is dead")
         await asyncio.sleep(self.latency.transfer_time(tokens))
         yield tokens
 
-    async def import_kv(self, seq_id: int, blob: int, tokens: int) -> None:
+    async def import_kv(self, seq_id: int, blob: int, tokens: int, start: int = 0,
+                        block_hashes: tuple[int, ...] = ()) -> None:
         """Instant, but only between steps: the move's time is spent staging it (``exported``)."""
         async with self.busy:
             return

@@ -56,10 +56,11 @@ class FakeWorker:
         return StepDone({s.seq_id: 7 for s in command.spec.samples}, self.delay)
 
     @contextlib.asynccontextmanager
-    async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[None]:
+    async def exported(self, seq_id: int, tokens: int, start: int = 0) -> AsyncIterator[None]:
         yield None
 
-    async def import_kv(self, seq_id: int, blob: Any, tokens: int) -> None:
+    async def import_kv(self, seq_id: int, blob: Any, tokens: int, start: int = 0,
+                        block_hashes: tuple[int, ...] = ()) -> None:
         return None
 
     def die(self) -> None:

@@ -70,7 +70,7 @@ def _reserve(spans: list[Span], cache: PagedKVCache) -> None:
     try:
         for span in spans:
             if not cache.has(span.seq_id):
-                cache.begin(span)
+                cache.begin(span.seq_id, span.block_hashes, span.cached)
                 started.append(span.seq_id)
         needed = sum(cache.blocks_needed(span.seq_id, span.total) for span in spans)
         if needed > cache.num_free_blocks:

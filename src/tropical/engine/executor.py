@@ -22,7 +22,7 @@ class Executor:
         """One forward pass over ``spec.spans``; the sampled token of every row in ``spec.samples``."""
         logits = self.model(FlatBatch.build(spec.spans, self.cache), self.cache)
         for span in spec.spans:
-            self.cache.store(span)
+            self.cache.store(span.seq_id, span.total, span.block_hashes)
         if not spec.samples:
             return {}
         row_of = {span.seq_id: i for i, span in enumerate(spec.spans)}

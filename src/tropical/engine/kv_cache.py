@@ -15,7 +15,6 @@ import torch
 from tropical.engine.block_pool import BlockPool
 from tropical.engine.config import ModelConfig
 from tropical.engine.kv_events import KVEvent
-from tropical.sched.step import Span
 
 
 class PagedKVCache:
@@ -83,25 +82,26 @@ class PagedKVCache:
             )
         self._tables.setdefault(seq_id, []).extend(self.pool.allocate(needed))
 
-    def begin(self, span: Span) -> None:
-        """A new sequence starts on the cached run of its prompt's blocks, which must cover the
-        ``span.cached`` tokens its planner counted as computed (a span that names no blocks gets
-        fresh ones for them)."""
-        run = self.pool.cached_run(span.block_hashes)
-        if span.block_hashes and len(run) * self.block_size < span.cached:
+    def begin(self, seq_id: Hashable, block_hashes: tuple[int, ...], cached: int) -> None:
+        """A new sequence starts on the cached run of its prompt's blocks (``block_hashes``), which
+        must cover the ``cached`` tokens its planner counted as computed (a sequence that names no
+        blocks gets fresh ones for them)."""
+        run = self.pool.cached_run(block_hashes)
+        if block_hashes and len(run) * self.block_size < cached:
             self.pool.free(run[::-1])
-            raise ValueError(f"sequence {span.seq_id!r} starts after {span.cached} cached tokens, but only "
+            raise ValueError(f"sequence {seq_id!r} starts after {cached} cached tokens, but only "
                              f"{len(run) * self.block_size} of its prompt are cached here")
-        self._tables[span.seq_id] = run
-        self._stored[span.seq_id] = len(run)
+        self._tables[seq_id] = run
+        self._stored[seq_id] = len(run)
 
-    def store(self, span: Span) -> None:
-        """``span`` is computed: the full prompt blocks it completed enter the cache."""
-        full = min(span.total // self.block_size, len(span.block_hashes))
-        start = self._stored.get(span.seq_id, 0)
+    def store(self, seq_id: Hashable, tokens: int, block_hashes: tuple[int, ...]) -> None:
+        """The sequence's first ``tokens`` tokens are computed: the full prompt blocks among them
+        enter the cache."""
+        full = min(tokens // self.block_size, len(block_hashes))
+        start = self._stored.get(seq_id, 0)
         if full > start:
-            self.pool.store(self._tables[span.seq_id], start, span.block_hashes[:full])
-            self._stored[span.seq_id] = full
+            self.pool.store(self._tables[seq_id], start, block_hashes[:full])
+            self._stored[seq_id] = full
 
     def free(self, seq_id: Hashable) -> None:
         """Drop the sequence's blocks, tail first (cached ones stay cached); unknown ids are
@@ -126,15 +126,19 @@ class PagedKVCache:
         """One layer's K and V as [slots, kv_heads, head_dim] views, indexed by slot."""
         return self.k[layer].flatten(0, 1), self.v[layer].flatten(0, 1)
 
-    def export(self, seq_id: Hashable, tokens: int) -> torch.Tensor:
-        """A compact copy [layers, 2, tokens, kv_heads, head_dim] of the sequence's first `tokens` tokens."""
-        index = torch.tensor(self.slots(seq_id, 0, tokens), device=self.device)
+    def export(self, seq_id: Hashable, tokens: int, start: int = 0) -> torch.Tensor:
+        """A compact copy [layers, 2, tokens, kv_heads, head_dim] of the sequence's `tokens` tokens from
+        position `start` on (a target that has the first `start` cached needs only the rest)."""
+        index = torch.tensor(self.slots(seq_id, start, start + tokens), device=self.device)
         k = self.k.flatten(1, 2)[:, index]
         v = self.v.flatten(1, 2)[:, index]
         return torch.stack((k, v), dim=1)
 
-    def import_(self, seq_id: Hashable, buffer: torch.Tensor) -> None:
-        """Allocate blocks for an exported buffer and write it, so a request can continue on this cache."""
+    def import_(self, seq_id: Hashable, buffer: torch.Tensor, start: int = 0,
+                block_hashes: tuple[int, ...] = ()) -> None:
+        """Write an exported buffer of the sequence's tokens from `start` on into its blocks, so a
+        request can continue on this cache: the first `start` come from this cache's run of
+        `block_hashes`, and the full prompt blocks received enter the cache."""
         if self.has(seq_id):
             raise ValueError(f"sequence {seq_id!r} already has blocks in this cache")
         expected = (self.k.shape[0], 2, buffer.shape[2], *self.k.shape[3:])
@@ -142,8 +146,14 @@ class PagedKVCache:
             raise ValueError(
                 f"KV buffer shape {tuple(buffer.shape)} does not fit this cache, expected {expected}"
             )
-        tokens = buffer.shape[2]
-        self.ensure(seq_id, tokens)
-        index = torch.tensor(self.slots(seq_id, 0, tokens), device=self.device)
+        tokens = start + buffer.shape[2]
+        self.begin(seq_id, block_hashes, start)
+        try:
+            self.ensure(seq_id, tokens)
+        except MemoryError:
+            self.free(seq_id)
+            raise
+        index = torch.tensor(self.slots(seq_id, start, tokens), device=self.device)
         self.k.flatten(1, 2)[:, index] = buffer[:, 0].to(self.k)
         self.v.flatten(1, 2)[:, index] = buffer[:, 1].to(self.v)
+        self.store(seq_id, tokens, block_hashes)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tropical.sched.prefix_cache import PrefixCache
+
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
@@ -36,3 +38,15 @@ def replay(events: Iterable[KVEvent], cached: Iterable[int] = ()) -> set[int]:
         else:
             held.difference_update(event.block_hashes)
     return held
+
+
+def follow(model: PrefixCache, events: Iterable[KVEvent]) -> list[int]:
+    """Bring the scheduler's ``model`` of a worker's cache in line with what the worker reports,
+    before the model books the step the events come from: a block the worker evicted (and did not
+    store again) leaves the model, which stores blocks itself as it books each prompt, as the
+    worker does. Returns evicted blocks the model has referenced (where the two disagree)."""
+    gone: dict[int, bool] = {}
+    for event in events:
+        for key in event.block_hashes:
+            gone[key] = isinstance(event, BlockRemoved)
+    return model.forget(key for key, removed in gone.items() if removed)

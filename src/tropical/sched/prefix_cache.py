@@ -14,6 +14,7 @@ cache which blocks a request shares and which it may evict.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
@@ -199,3 +200,20 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget every unreferenced cached block."""
         self.evict(self.free_blocks)
+
+    def forget(self, keys: Iterable[int]) -> list[int]:
+        """The worker this models evicted ``keys`` (its KV events say so): those cached here that
+        no request references leave at once. Returns the keys a request here still references:
+        the model and the worker disagree on them."""
+        disagree = []
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None:
+                continue
+            if entry.refs:
+                disagree.append(key)
+                continue
+            del self.entries[key], self.lru[key]
+            self.free_blocks -= entry.blocks
+            self.evictions += 1
+        return disagree

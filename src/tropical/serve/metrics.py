@@ -46,6 +46,12 @@ class ServerMetrics:
         self.kv_usage = self._worker_gauge("tropical_worker_kv_usage", "Fraction of KV blocks in use")
         self.up = self._worker_gauge("tropical_worker_up", "1 while the worker process is alive")
         self.iterations = self._counter("tropical_iterations_total", "Iterations run", "worker")
+        self.prefix_queries = self._counter("tropical_prefix_cache_queries",
+                                            "Prompt tokens looked up in a worker's prefix cache (vLLM's "
+                                            "prefix_cache_queries)", "worker")
+        self.prefix_hits = self._counter("tropical_prefix_cache_hits",
+                                         "Prompt tokens found in a worker's prefix cache and not computed "
+                                         "(vLLM's prefix_cache_hits)", "worker")
         self.prefill_chunks = self._counter("tropical_prefill_chunks_total",
                                             "Prompt spans that stopped short of their prompt's end")
         self.iteration_seconds = {
@@ -89,6 +95,11 @@ class ServerMetrics:
         self.iterations.labels(worker).inc()
         for kind, seconds in (("wall", wall), ("compute", compute), ("predicted", predicted)):
             self.iteration_seconds[kind].labels(worker).inc(seconds)
+
+    def record_prefix_cache(self, worker_id: int, queries: int, hits: int) -> None:
+        """Prompts that started on a worker: their tokens, and those its cache held."""
+        self.prefix_queries.labels(str(worker_id)).inc(queries)
+        self.prefix_hits.labels(str(worker_id)).inc(hits)
 
     def record_prefill_chunks(self, count: int) -> None:
         self.prefill_chunks.inc(count)

@@ -55,6 +55,7 @@ class ServeOptions(PolicyConfig):
     vllm_out: str = "out/serve-vllm"
     nixl_poll_delay_us: int = 0
     iteration_log: str | None = None
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, cast
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.slo import SLO, SLOSpec
+from tropical.engine.block_hash import block_hashes
+from tropical.engine.kv_events import KVEvent, follow
 from tropical.sched.admission import NO_LIVE_WORKER, serving_error
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrate, Wake
@@ -151,8 +153,8 @@ class Router:
         check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
                        self.metrics, "no worker is running")
         now = self.clock()
-        req = Request(next(self._ids), now, len(submission.prompt_ids), submission.max_tokens,
-                      self.slo_of(submission))
+        req = self._request(next(self._ids), now, submission.prompt_ids, submission.max_tokens,
+                            self.slo_of(submission))
         effects = self.cluster.arrive(req, now)
         refused = refusal(effects)
         if refused is not None:
@@ -169,6 +171,15 @@ class Router:
             self.metrics.record_rejection(admission.reason)
             return Rejected(429, reason, admission.retry_after)
         return Rejected(503 if reason.startswith(NO_LIVE_WORKER) else 400, reason)
+
+    def _request(self, rid: int, arrival: float, prompt_ids: Sequence[int], max_tokens: int, slo: SLO
+                 ) -> Request:
+        """A request, named by its prompt's full blocks (``prefix``) as the workers' prefix caches
+        name them, when they keep one."""
+        kv = self.workers[0].kv
+        prefix = block_hashes(prompt_ids, kv.block_size) if kv.cache is not None else ()
+        return Request(rid, arrival, len(prompt_ids), max_tokens, slo, prefix=prefix,
+                       prefix_block=kv.block_size)
 
     def abort(self, rid: int) -> None:
         """The client went away: stop generating and free the request's KV at the next boundary."""
@@ -270,6 +281,7 @@ class Router:
         worker = iteration.worker
         end = self.clock()
         eos = record_tokens(done.tokens, self.inflight.sequences, self.inflight.eos)
+        self._follow(worker, done.events)
         booking = self.cluster.book(worker.id, iteration.batch, end, eos=eos)
         for rid in self.inflight.stream(done.tokens, booking.finished):
             self._abort_on(worker.id, rid)  # a stop string ended it: drop it at the next boundary
@@ -281,12 +293,23 @@ class Router:
             # instead of waiting behind the worker's next iteration (the simulator moves KV at once).
             await asyncio.sleep(0)
 
+    @staticmethod
+    def _follow(worker: WorkerState, events: list[KVEvent]) -> None:
+        """The worker's KV events since its last step, into the policy's model of its cache."""
+        if worker.kv.cache is not None:
+            disagree = follow(worker.kv.cache, events)
+            if disagree:
+                log.warning("worker %d evicted %d prefix blocks its model holds referenced", worker.id,
+                            len(disagree))
+
     def _record_iteration(self, iteration: Iteration, compute: float) -> None:
         """An iteration's times into /metrics, and into the iteration log when there is one."""
         worker_id, batch = iteration.worker.id, iteration.batch
         wall = self.clock() - iteration.start
         self.metrics.record_iteration(worker_id, wall, compute, iteration.predicted)
         self.metrics.record_prefill_chunks(sum(c + n < r.prompt_len for r, n, c in batch.prefills))
+        starts = [(r.prompt_len, c) for r, _, c in batch.prefills if c == r.cached]  # a prompt's first span
+        self.metrics.record_prefix_cache(worker_id, sum(p for p, _ in starts), sum(c for _, c in starts))
         if self.iteration_log is not None:
             self.iteration_log.write(IterationRecord(worker_id, iteration.start, batch.shape, wall, compute,
                                                      iteration.predicted))
@@ -322,7 +345,7 @@ class Router:
         """A migration's time (export plus import) into the request, /metrics and the log."""
         move, req = landing.move, landing.move.request
         req.migration_time = landing.exported - landing.staged + imported - landed
-        self.metrics.record_migration(req.migration_time, req.prompt_len)
+        self.metrics.record_migration(req.migration_time, move.tokens)
         if self.iteration_log is not None:
             self.iteration_log.write(MigrationRecord(req.id, move.source, move.target, req.prompt_len,
                                                      landing.staged, landing.exported, landed, imported))
@@ -371,7 +394,7 @@ class Router:
     def _rerun(self, handle: RequestHandle) -> None:
         """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
         old, sub = handle.req, handle.submission
-        req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo)
+        req = self._request(old.id, old.arrival, sub.prompt_ids, old.output_len, old.slo)
         handle.req = req
         effects = self.cluster.arrive(req, self.clock())
         refused = refusal(effects)

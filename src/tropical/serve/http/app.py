@@ -284,7 +284,7 @@ class Reply:
             raise APIError(event.status, event.error, "server_error")
         body = completion_body(self.id, self.state.model_id, self.created, "".join(parts),
                                event.finish_reason or "stop", self.handle.req.prompt_len,
-                               self.handle.completion_tokens, self.gen.chat)
+                               self.handle.completion_tokens, self.gen.chat, self.handle.req.cached)
         return JSONResponse(body, headers=self.headers())
 
     async def stream(self, request: Request, first: Event) -> AsyncIterator[bytes]:
@@ -304,7 +304,7 @@ class Reply:
                 event = await self.handle.events.get()
             if self.gen.include_usage:
                 yield sse(usage_chunk(self.id, model, self.created, self.handle.req.prompt_len,
-                                      self.handle.completion_tokens, chat))
+                                      self.handle.completion_tokens, chat, self.handle.req.cached))
             yield SSE_DONE
         finally:
             if not self.handle.ended:

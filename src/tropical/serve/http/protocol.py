@@ -338,9 +338,11 @@ def text_part(part: Any, where: str) -> str:
     return part["text"]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's usage; ``cached_tokens``: prompt tokens found in the prefix cache, not computed."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def envelope(request_id: str, model: str, created: int, obj: str, choices: list[dict]) -> dict:
@@ -349,7 +351,7 @@ def envelope(request_id: str, model: str, created: int, obj: str, choices: list[
 
 def completion_body(
     request_id: str, model: str, created: int, text: str, finish_reason: str,
-    prompt_tokens: int, completion_tokens: int, chat: bool,
+    prompt_tokens: int, completion_tokens: int, chat: bool, cached_tokens: int = 0,
 ) -> dict:
     """A whole non-streaming response: one choice and its usage."""
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
@@ -359,7 +361,7 @@ def completion_body(
         choice["text"] = text
     obj = "chat.completion" if chat else "text_completion"
     body = envelope(request_id, model, created, obj, [choice])
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 
 
@@ -382,10 +384,11 @@ def stream_chunk(
 
 def usage_chunk(
     request_id: str, model: str, created: int, prompt_tokens: int, completion_tokens: int, chat: bool,
+    cached_tokens: int = 0,
 ) -> dict:
     """The last chunk when stream_options.include_usage is set: no choices, only usage."""
     body = envelope(request_id, model, created, chunk_object(chat), [])
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 
 

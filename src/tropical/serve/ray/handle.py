@@ -67,15 +67,16 @@ class RayWorkerHandle:
         return await self._result(self._submit("handle", command))
 
     @contextlib.asynccontextmanager
-    async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[ray.ObjectRef]:
+    async def exported(self, seq_id: int, tokens: int, start: int = 0) -> AsyncIterator[ray.ObjectRef]:
         """The KV's ObjectRef; Ray resolves it inside the importing actor, and frees the object
         once the context has dropped it."""
-        seconds, kv = self._submit("export_kv", seq_id, tokens)
+        seconds, kv = self._submit("export_kv", seq_id, tokens, start)
         await self._result(seconds)
         yield kv
 
-    async def import_kv(self, seq_id: int, blob: ray.ObjectRef, tokens: int) -> None:
-        await self._result(self._submit("import_kv", seq_id, blob))
+    async def import_kv(self, seq_id: int, blob: ray.ObjectRef, tokens: int, start: int = 0,
+                        block_hashes: tuple[int, ...] = ()) -> None:
+        await self._result(self._submit("import_kv", seq_id, blob, start, block_hashes))
 
     def _submit(self, method: str, *args: Any) -> Any:
         if not self.alive:

@@ -65,21 +65,26 @@ class WorkerClient:
         return reply.value
 
     @contextlib.asynccontextmanager
-    async def exported(self, seq_id: int, tokens: int) -> AsyncIterator[StagedKV]:
+    async def exported(self, seq_id: int, tokens: int, start: int = 0) -> AsyncIterator[StagedKV]:
         """The KV lands in a range of this worker's staging file, kept until the importer is done;
-        several exports may wait for their imports at once."""
+        several exports may wait for their imports at once (none is staged when the target has
+        every token cached)."""
         staging = self._staging
         if staging is None:
             raise RuntimeError(f"worker {self.worker_id} cannot export KV before it is ready")
+        if tokens == 0:
+            yield StagedKV(staging, 0)
+            return
         offset = await self._space.reserve(tokens)
         try:
-            await self.call(Export(seq_id, tokens, offset))
+            await self.call(Export(seq_id, tokens, offset, start))
             yield StagedKV(staging, offset)
         finally:
             await self._space.release(offset)
 
-    async def import_kv(self, seq_id: int, blob: StagedKV, tokens: int) -> None:
-        await self.call(Import(seq_id, blob.area, tokens, blob.offset))
+    async def import_kv(self, seq_id: int, blob: StagedKV, tokens: int, start: int = 0,
+                        block_hashes: tuple[int, ...] = ()) -> None:
+        await self.call(Import(seq_id, blob.area, tokens, blob.offset, start, block_hashes))
 
     def _receive(self) -> Reply:
         try:

@@ -102,12 +102,13 @@ class WorkerDriver:
         boundary; the staged copy lives until then. Raises WorkerDied or WorkerError."""
         req = move.request
         start = clock()
-        async with self.client.exported(req.id, req.prompt_len) as blob:
+        async with self.client.exported(req.id, move.tokens, req.prompt_len - move.tokens) as blob:
             landing = Landing(move, blob, start, clock(), asyncio.get_running_loop().create_future())
             target.receive(landing)
             await landing.done
 
     async def land(self, landing: Landing) -> None:
-        """Import staged KV; raises WorkerDied or WorkerError."""
-        req = landing.move.request
-        await self.client.import_kv(req.id, landing.blob, req.prompt_len)
+        """Import staged KV after the prefix the target has cached; raises WorkerDied or WorkerError."""
+        move, req = landing.move, landing.move.request
+        await self.client.import_kv(req.id, landing.blob, move.tokens, req.prompt_len - move.tokens,
+                                    req.prefix)

@@ -49,13 +49,16 @@ class WorkerHandle(Protocol):
         """Run one command (messages.Step, Free, Profile) and return its reply's value."""
         ...
 
-    def exported(self, seq_id: int, tokens: int) -> AbstractAsyncContextManager[Any]:
-        """Export a sequence's first ``tokens`` tokens of KV; the value is what ``import_kv`` of
-        another worker takes, valid until the context exits."""
+    def exported(self, seq_id: int, tokens: int, start: int = 0) -> AbstractAsyncContextManager[Any]:
+        """Export ``tokens`` tokens of a sequence's KV from its token ``start`` on (those the target
+        lacks); the value is what ``import_kv`` of another worker takes, valid until the context
+        exits."""
         ...
 
-    async def import_kv(self, seq_id: int, blob: Any, tokens: int) -> None:
-        """Write an exported KV blob into new blocks for ``seq_id``."""
+    async def import_kv(self, seq_id: int, blob: Any, tokens: int, start: int = 0,
+                        block_hashes: tuple[int, ...] = ()) -> None:
+        """Write an exported KV blob into ``seq_id``'s blocks from its token ``start`` on, after
+        this worker's cached run of ``block_hashes``."""
         ...
 
     def stop(self) -> None:

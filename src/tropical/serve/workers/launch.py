@@ -62,7 +62,7 @@ async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
         backend.close()
         raise
     workers = worker_states(policy, roles, [(r.num_blocks, r.block_size) for r in readies],
-                            [latency] * len(roles))
+                            [latency] * len(roles), options.prefix_cache)
     max_len = min(r.max_model_len for r in readies)
     settings = RouterSettings(options.max_waiting, slo_spec(options), max_len)
     log = IterationLog(options.iteration_log) if options.iteration_log else None

@@ -7,10 +7,11 @@ name and shape cross the pipe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tropical.engine.config import ModelConfig
+from tropical.engine.kv_events import KVEvent
 from tropical.sched.step import StepSpec
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router must not
@@ -68,8 +69,12 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class StepDone:
+    """The step's sampled tokens, its compute time, and what its prefix cache stored and evicted
+    since the last step (KV events)."""
+
     tokens: dict[int, int]
     seconds: float
+    events: list[KVEvent] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,23 +86,28 @@ class Free:
 
 @dataclass(frozen=True, slots=True)
 class Export:
-    """Copy a sequence's first ``tokens`` tokens of KV into this worker's staging area from token
-    ``offset`` on; replies with the seconds it took."""
+    """Copy ``tokens`` tokens of a sequence's KV from its token ``start`` on (those its target
+    lacks) into this worker's staging area from token ``offset`` on; replies with the seconds it
+    took."""
 
     seq_id: int
     tokens: int
     offset: int = 0
+    start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Import:
-    """Copy ``tokens`` tokens of KV at ``offset`` of ``source``'s staging area into new blocks for
-    ``seq_id``; replies with the seconds it took."""
+    """Copy ``tokens`` tokens of KV at ``offset`` of ``source``'s staging area into ``seq_id``'s
+    blocks from its token ``start`` on, the first ``start`` being this worker's cached run of
+    ``block_hashes``; replies with the seconds it took."""
 
     seq_id: int
     source: StagingArea
     tokens: int
     offset: int = 0
+    start: int = 0
+    block_hashes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

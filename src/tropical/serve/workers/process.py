@@ -65,7 +65,7 @@ class WorkerRuntime:
             self.executor.free(command.free)
             start = time.perf_counter()
             tokens = self.executor.run(command.spec)
-            return StepDone(tokens, time.perf_counter() - start)
+            return StepDone(tokens, time.perf_counter() - start, self.executor.cache.take_events())
         if isinstance(command, Free):
             self.executor.free(command.seq_ids)
             return None
@@ -83,23 +83,25 @@ class WorkerRuntime:
         action(command)
         return time.perf_counter() - start
 
-    def export_kv(self, seq_id: int, tokens: int) -> torch.Tensor:
-        """A copy [layers, 2, tokens, kv_heads, head_dim] of a sequence's first ``tokens`` tokens
-        of KV, for a backend that moves it between workers itself."""
-        return self.executor.cache.export(seq_id, tokens)
+    def export_kv(self, seq_id: int, tokens: int, start: int = 0) -> torch.Tensor:
+        """A copy [layers, 2, tokens, kv_heads, head_dim] of a sequence's ``tokens`` tokens of KV
+        from ``start`` on, for a backend that moves it between workers itself."""
+        return self.executor.cache.export(seq_id, tokens, start)
 
-    def import_kv(self, seq_id: int, kv: torch.Tensor) -> None:
-        self.executor.cache.import_(seq_id, kv)
+    def import_kv(self, seq_id: int, kv: torch.Tensor, start: int = 0,
+                  block_hashes: tuple[int, ...] = ()) -> None:
+        self.executor.cache.import_(seq_id, kv, start, block_hashes)
 
     def _export(self, command: Export) -> None:
         if self.staging is None:
             raise RuntimeError("this worker has no staging area; its backend moves KV with export_kv")
         end = command.offset + command.tokens
-        self.staging[:, :, command.offset:end] = self.export_kv(command.seq_id, command.tokens)
+        self.staging[:, :, command.offset:end] = self.export_kv(command.seq_id, command.tokens, command.start)
 
     def _import(self, command: Import) -> None:
         source = self._peer(command.source)
-        self.import_kv(command.seq_id, source[:, :, command.offset:command.offset + command.tokens])
+        self.import_kv(command.seq_id, source[:, :, command.offset:command.offset + command.tokens],
+                       command.start, command.block_hashes)
 
     def _peer(self, area: StagingArea) -> torch.Tensor:
         if area.path not in self.peers:

@@ -279,7 +279,7 @@ class VllmDriver:
         while not instance.alive:
             try:
                 await instance.restart(self.start_timeout)
-            except (RuntimeError, TimeoutError) as exc:
+            except (RuntimeError, TimeoutError, OSError) as exc:
                 log.warning("vLLM instance %d did not come back (%s); trying again", worker_id, exc)
                 await asyncio.sleep(RESTART_PAUSE_S)
         effects = self.cluster.worker_revived(worker_id, self.clock())

@@ -36,8 +36,13 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     plain = result["paper_setting"]
     assert set(plain["capacity_rps"]["no prefix cache"]) == paper | {"tropical", "tropical+"}
     assert plain["bound_rps"]["no prefix cache"] < result["bound_rps"]    # reuse lowers the work
+    overload = result["overload"]       # goodput past the bound, every policy and admission mode
+    assert set(overload) == policies
+    for modes in overload.values():
+        assert set(modes) == {"none", "early-reject", "predictive"}
+        assert all(set(shares) == {"1.5", "2.0"} and min(shares.values()) >= 0 for shares in modes.values())
     for name in ("report.md", "attainment_vs_rate.png", "capacities.png", "latency_cdfs.png",
-                 "queueing.png", "reproduction.json"):
+                 "queueing.png", "overload.png", "reproduction.json"):
         assert (out / name).stat().st_size > 0
     written = json.loads((out / "reproduction.json").read_text())
     for at in ("at_own_capacity", "at_common_rate"):     # deferral at each capacity and at equal load
@@ -55,6 +60,7 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     for heading in ("Goodput capacity", "Work bound", "Pooled bound", "of work / pooled bound",
                     "work bound (most vs best baseline)", "pooled bound (most vs best baseline)",
                     "Headroom in the sensitivity rows", "work queued at last arrival",
+                    "Past capacity: goodput under each admission mode",
                     "had no request waited", "Analysis",
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
                     "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall", "Prefix caching",

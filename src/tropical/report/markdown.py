@@ -326,6 +326,37 @@ def _headroom_sentence(rep: Reproduction, pooled: bool) -> str:
             f"{rows[high][1]:.0%} in {_row(high)}.")
 
 
+def overload_section(rep: Reproduction) -> str:
+    """Goodput past capacity, each policy under each admission mode, as a share of the work bound,
+    with the refusals per arrival by reason."""
+    if rep.overload is None:
+        return ""
+    past = rep.overload
+    multiples = sorted({m for modes in past.points.values() for runs in modes.values() for m in runs})
+    rows = []
+    for policy, modes in past.points.items():
+        for mode, runs in modes.items():
+            rows.append([policy, mode, *(f"{runs[m].goodput_rps / past.bound_rps:.0%}" for m in multiples),
+                         *(_refusals(runs[m].rejected) for m in multiples)])
+    heads = [f"{m:g}x the bound" for m in multiples]
+    return ("## Past capacity: goodput under each admission mode\n\n"
+            f"Requests attained per second of the run at multiples of the work bound "
+            f"({past.bound_rps:.3f} req/s), as a share of it; a refused request is a miss (attainment "
+            "counts every arrival). `early-reject` refuses what no path is predicted to serve within "
+            "its TTFT SLO, at arrival or while still queued with nothing computed; `predictive` also "
+            "what the decode load predicted for its prefill's end would push past its TPOT SLO, or "
+            "past that of the requests decoding there.\n\n"
+            + _table(["policy", "admission", *(f"goodput, {h}" for h in heads),
+                      *(f"refused, {h}" for h in heads)], rows) + "\n")
+
+
+def _refusals(rejected: dict[str, float]) -> str:
+    """Refusals per arrival, by reason."""
+    if not rejected:
+        return "none"
+    return ", ".join(f"{reason} {share:.0%}" for reason, share in sorted(rejected.items()))
+
+
 def _row(key: tuple[str, str]) -> str:
     return f"{key[0]} *{key[1]}*"
 
@@ -348,7 +379,7 @@ def write_report(rep: Reproduction, out: Path) -> Path:
                if exp.prefix_cache else "Every prompt is computed whole (`--prefix-cache off`). ")
             + "Regenerate with `tropical reproduce`.\n")
     parts = [head, capacity_section(rep), prefix_section(rep), paper_setting_section(rep),
-             deferral_section(rep), common_rate_section(rep), analysis_section(rep)]
+             deferral_section(rep), common_rate_section(rep), overload_section(rep), analysis_section(rep)]
     if rep.studies:
         parts.append("## Ablation and sensitivity (capacity in req/s on trace slices, and ratio to "
                      "the best baseline in the same setting)\n")

@@ -95,12 +95,37 @@ def capacities(rep: Reproduction, path: Path) -> Path:
     return save(fig, path)
 
 
+def overload(rep: Reproduction, path: Path) -> Path:
+    """Goodput against offered rate past the work bound, one panel per admission mode, with the
+    attainment curves' runs (no admission) below it."""
+    past = rep.overload
+    assert past is not None
+    modes = list(next(iter(past.points.values())))
+    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), sharey=True)
+    for ax, mode in zip(axes, modes, strict=True):
+        for policy, by_mode in past.points.items():
+            runs = sorted(by_mode[mode].items())
+            below = [(rate, att * rate) for rate, att, _ in rep.curve.get(policy, [])
+                     if rate < past.bound_rps]
+            rates = [r for r, _ in below] + [m * past.bound_rps for m, _ in runs]
+            ax.plot(rates, [g for _, g in below] + [p.goodput_rps for _, p in runs], marker="o",
+                    **_style(policy))
+        ax.axvline(past.bound_rps, color="black", linewidth=0.8, linestyle="-.", label="work bound")
+        ax.axhline(past.bound_rps, color="black", linewidth=0.8, linestyle=":")
+        ax.set(xlabel="offered rate (req/s)", title=f"admission: {mode}")
+    axes[0].set(ylabel="goodput (requests within SLO per s)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Goodput past capacity (points below the bound: attainment x rate, no admission)")
+    return save(fig, path)
+
+
 def write_all(rep: Reproduction, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     return [attainment_vs_rate(rep, out / "attainment_vs_rate.png"),
             capacities(rep, out / "capacities.png"),
             latency_cdfs(rep, out / "latency_cdfs.png"),
-            queueing_cdf(rep, out / "queueing.png")]
+            queueing_cdf(rep, out / "queueing.png"),
+            *([overload(rep, out / "overload.png")] if rep.overload is not None else [])]
 
 
 def _completed(run: SimResult) -> list:

@@ -4,7 +4,8 @@ Capacities of every policy on the full trace under both attainments (the paper's
 and stream attainment, which also bounds every gap between two tokens) against the work bound
 and the pooled bound (the work bound with the trace's bursts kept);
 each policy at its own capacity (work left queued at the last arrival, tail TTFT); latency
-distributions at a common rate (the best baseline's capacity); attainment against rate; and
+distributions at a common rate (the best baseline's capacity); attainment against rate; goodput
+past capacity under each admission mode (``sim/overload.py``); and
 capacity ratios for the toggle's mechanisms one by one, under predictor noise, other role
 splits, other traces, SLO settings and shorter requests (on a slice of each trace, for time).
 The best baseline is the best of all baseline variants (chunk sizes included) in each setting.
@@ -24,6 +25,7 @@ from tropical.sched.registry import PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
 from tropical.sim.ideal_cache import FURTHEST, LRU
+from tropical.sim.overload import Overload, overload
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
 from tropical.sim.run import Experiment, SimResult, prefix_note, request_slos
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
@@ -175,6 +177,7 @@ class Reproduction:
     ideal_hit_rate: dict[str, float] = field(default_factory=dict)
     ideal_bound: dict[str, float] = field(default_factory=dict)
     reuse_bound: dict[str, float] = field(default_factory=dict)
+    overload: Overload | None = None
 
     @property
     def best_baseline(self) -> str:
@@ -207,6 +210,7 @@ class Reproduction:
             "ideal_cache_bound_rps": self.ideal_bound,
             "bound_at_own_reuse_rps": self.reuse_bound,
             **({} if self.paper is None else {"paper_setting": self.paper.as_dict()}),
+            **({} if self.overload is None else {"overload": self.overload.shares()}),
         }
 
     def as_dict(self) -> dict:
@@ -222,6 +226,7 @@ class Reproduction:
             "at_common_rate": {p: a.as_dict() for p, a in self.at_common.items()},
             "sensitivity": {s.title: s.as_dict() for s in self.studies},
             "slack": self.slack,
+            **({} if self.overload is None else {"overload_runs": self.overload.as_dict()}),
         }
 
 
@@ -242,12 +247,13 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     curve = attainment_curves(base, caps, processes, label)
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
     cached = base.prefix_cache
+    past = overload(base, names, bound.rate_rps, processes, label)
     return Reproduction(base, caps, common, {p: _at_rate(runs[(p, "common")], bound) for p in names},
                         curve, studies, slack_budget(base), bound,
                         {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity(),
                         paper_setting(base, processes, label) if cached else None,
                         *(ideal_caches(base) if cached else ({}, {})),
-                        {p: bound_at_reuse(runs[(p, "own")]) for p in names} if cached else {})
+                        {p: bound_at_reuse(runs[(p, "own")]) for p in names} if cached else {}, past)
 
 
 def bound_at_reuse(run: SimResult) -> float:

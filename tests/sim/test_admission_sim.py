@@ -1,0 +1,146 @@
+"""Admission in whole simulated runs: refusals cost nothing, count as misses, and change nothing
+when admission is off."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.factories import linear_model, make_request
+from tropical.config import SimConfig
+from tropical.core.metrics import attains, summarize, tpot
+from tropical.core.request import Request
+from tropical.core.specs import ReplicaSpec, hardware
+from tropical.models import load_model_spec
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rejection import REASONS, AdmissionMode
+from tropical.sched.worker import WorkerState
+from tropical.sim.build import experiment
+from tropical.sim.cluster import ClusterSpec, WorkerSpec
+from tropical.sim.overload import overload
+from tropical.sim.run import simulate
+from tropical.sim.simulator import Simulator
+
+REPLICA = ReplicaSpec(load_model_spec("llama-2-7b"), hardware("a100"), tp=1)
+POLICIES = ("colocated", "chunked-512", "disagg", "kv-router", "tropical", "tropical+")
+ADMITTING = (AdmissionMode.EARLY_REJECT, AdmissionMode.PREDICTIVE)
+
+
+def run(policy: str, mode: AdmissionMode, requests: list[Request], workers: int = 2) -> Simulator:
+    chosen = make_policy(policy, PolicyParams(admission=mode))
+    spec = ClusterSpec("test", (WorkerSpec(REPLICA, linear_model(), 50_000),) * workers)
+    sim = Simulator(spec.build(chosen), chosen, requests)
+    sim.run()
+    return sim
+
+
+def flood(count: int = 120) -> list[Request]:
+    """Twice as much work as two workers clear in time: prompts of 1,000-3,000 tokens every 50 ms
+    (0.11-0.31 s of prefill each) with 1 s TTFT SLOs."""
+    return [make_request(i, arrival=0.05 * i, prompt=1000 + 1000 * (i % 3), output=20, ttft=1.0)
+            for i in range(count)]
+
+
+@pytest.mark.parametrize("mode", ADMITTING)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_refused_request_never_held_kv_nor_ran_a_token(policy, mode, monkeypatch):
+    held, ran = set(), set()
+    reserve, complete = WorkerState.reserve, WorkerState.complete_prefill
+
+    def watch_reserve(self, req):
+        if reserve(self, req):
+            held.add(req.id)
+            return True
+        return False
+
+    def watch_complete(self, req, new, now):
+        ran.add(req.id)
+        return complete(self, req, new, now)
+
+    monkeypatch.setattr(WorkerState, "reserve", watch_reserve)
+    monkeypatch.setattr(WorkerState, "complete_prefill", watch_complete)
+    requests = flood()
+    sim = run(policy, mode, requests)
+    refused = [r for r in requests if r.rejected is not None]
+    assert refused, "an overload this deep refuses some requests"
+    for req in refused:
+        assert req.id not in held and req.id not in ran and req.rejected in REASONS
+        assert req.prefill_start is None and req.first_token is None and req.generated == 0
+        assert req.computed == 0 and req.error is not None and not attains(req)
+    assert all(w.kv.used_blocks == 0 and not w.waiting and not w.running for w in sim.workers)
+    admitted = [r for r in requests if r.rejected is None]
+    assert all(r.error is None and r.generated == r.output_len for r in admitted)
+
+
+def test_refusals_are_misses_over_every_arrival_and_counted_by_reason():
+    requests = flood()
+    run("tropical+", AdmissionMode.EARLY_REJECT, requests)
+    summary = summarize(requests)
+    refused = [r for r in requests if r.rejected is not None]
+    assert sum(summary.rejected.values()) == len(refused) and summary.requests == len(requests)
+    assert summary.rejection_rate == pytest.approx(len(refused) / len(requests))
+    assert summary.attainment == pytest.approx(sum(map(attains, requests)) / len(requests))
+    flat = summary.as_dict()
+    assert flat["rejected"] == summary.rejected and flat["rejection_rate"] == summary.rejection_rate
+
+
+def test_admission_lifts_goodput_past_capacity():
+    """Admitting everything, most requests wait behind others that miss too."""
+    attained = {}
+    for mode in AdmissionMode:
+        requests = flood()
+        run("tropical+", mode, requests)
+        attained[mode] = sum(map(attains, requests))
+    assert attained[AdmissionMode.EARLY_REJECT] > 2 * attained[AdmissionMode.NONE]
+
+
+PUBLISHED = {  # attainment, stream attainment, P90 TTFT (s), P90 TPOT (s) before admission existed (996d3fc)
+    "tropical+": (0.34, 0.34, 69.627008493, 0.102180213),
+    "chunked-512": (0.07333333333333333, 0.07333333333333333, 121.741650509, 0.116232365),
+    "disagg": (0.056666666666666664, 0.056666666666666664, 229.874275995, 0.028939828),
+}
+
+
+@pytest.mark.parametrize("policy", sorted(PUBLISHED))
+def test_admission_none_reproduces_the_figures_from_before_it_existed(policy):
+    """The conversation trace's first 300 requests on the paper cluster at 1.5x their rate."""
+    exp = experiment(replace(SimConfig().with_preset(), limit=300, admission="none"))
+    s = simulate(exp.with_policy(policy).at_rate(1.5)).summary
+    assert (s.attainment, s.stream_attainment, s.ttft.p90, s.tpot.p90) == pytest.approx(PUBLISHED[policy])
+    assert s.rejected == {}
+
+
+def test_overload_reports_every_policy_and_mode_as_a_share_of_the_bound():
+    exp = experiment(replace(SimConfig().with_preset(), limit=60))
+    past = overload(exp, ["chunked-512", "tropical+"], bound_rps=1.0, processes=1, progress=None)
+    shares = past.shares()
+    assert set(shares) == {"chunked-512", "tropical+"}
+    for policy, modes in shares.items():
+        assert set(modes) == {"none", "early-reject", "predictive"}
+        for mode, by_rate in modes.items():
+            assert set(by_rate) == {"1.5", "2.0"}
+            assert by_rate["1.5"] == past.points[policy][mode][1.5].goodput_rps
+    assert past.as_dict()["runs"]["tropical+"]["none"]["2.0"]["rejected"] == {}
+
+
+spans = st.lists(st.tuples(st.integers(200, 3000), st.integers(2, 40), st.floats(0.0, 0.2)),
+                 min_size=1, max_size=25)
+
+
+@pytest.mark.parametrize("policy", ("colocated", "chunked-512"))
+@settings(max_examples=30, deadline=None)
+@given(spans, st.floats(0.006, 0.03))
+def test_predictive_admission_keeps_the_tpot_of_the_last_arrival(policy, workload, slo):
+    """Once the last request is admitted no more load comes: everything that will decode beside
+    it was known, so under predictive admission it meets its TPOT SLO (exact predictor)."""
+    requests, clock = [], 0.0
+    for i, (prompt, output, gap) in enumerate(workload):
+        clock += gap
+        requests.append(make_request(i, arrival=clock, prompt=prompt, output=output, ttft=100.0, tpot=slo))
+    run(policy, AdmissionMode.PREDICTIVE, requests, workers=1)
+    last = max(requests, key=lambda r: (r.arrival, r.id))
+    if last.rejected is None and last.output_len > 1:
+        assert tpot(last) <= last.slo.tpot

@@ -55,20 +55,20 @@ class RayWorker:
     def export_kv(self, seq_id: int, tokens: int, start: int = 0) -> tuple[float, np.ndarray]:
         """Seconds taken, and the KV as an array (a separate object, so the router can wait for the
         first without fetching the second)."""
-        start = time.perf_counter()
+        began = time.perf_counter()
         kv = self.runtime.export_kv(seq_id, tokens, start).cpu()
         array = (kv.view(torch.int16) if kv.dtype == torch.bfloat16 else kv).numpy()
-        return time.perf_counter() - start, array
+        return time.perf_counter() - began, array
 
     def import_kv(self, seq_id: int, kv: np.ndarray, start: int = 0, block_hashes: tuple[int, ...] = ()
                   ) -> float:
-        start = time.perf_counter()
+        began = time.perf_counter()
         with warnings.catch_warnings():
             # The object store's memory is read-only; the import only reads it.
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
             tensor = torch.from_numpy(kv)
         self.runtime.import_kv(seq_id, tensor.view(self.dtype), start, block_hashes)
-        return time.perf_counter() - start
+        return time.perf_counter() - began
 
 
 def node_address(node_id: str) -> str:

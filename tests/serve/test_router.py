@@ -11,7 +11,8 @@ from tests.factories import linear_cluster, linear_model
 from tests.serve.fake_cluster import FakeCluster, at, finished, run_virtual, start_router, submission
 from tropical.core.request import Request
 from tropical.core.slo import SLO
-from tropical.sched.registry import make_policy
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rejection import AdmissionMode
 from tropical.serve.iteration_log import IterationLog
 from tropical.serve.streams import RequestHandle
 
@@ -185,3 +186,27 @@ def test_a_migrated_request_joins_the_first_iteration_after_its_kv_is_staged():
     staged = handle.req.first_token + handle.req.migration_time
     after = [(now, batch) for worker, now, batch in fake.plans if worker == 1 and now >= staged]
     assert handle.req.decode_worker == 1 and after[0][1].decode_count == 2
+
+
+def test_a_queued_request_whose_ttft_lapses_is_refused_with_429_before_it_runs():
+    """The predictor expects prompt tokens twice as fast as the worker runs them: B, admitted
+    behind A (predicted 0.51 s) within its 0.6 s TTFT SLO, can no longer make it once A ends at
+    0.76 s."""
+    a, b = Request(0, 0.0, 5000, 5, SLO(10.0, 0.1)), Request(1, 0.0, 10, 5, SLO(0.6, 0.1))
+
+    async def main(loop):
+        policy = make_policy("colocated", PolicyParams(admission=AdmissionMode.EARLY_REJECT))
+        workers = linear_cluster(1, 50_000).build(policy)
+        fake = start_router(loop, policy, workers, {0: 5000, 1: 10})
+        workers[0].latency = linear_model(prefill_per_token=5e-5)
+        handles = [fake.router.submit(submission(r)) for r in (a, b)]
+        events = [await finished(h) for h in handles]
+        await fake.router.stop()
+        return fake, events
+
+    fake, events = run_virtual(main)
+    assert events[0][-1].finish_reason == "length"
+    refused = events[1][-1]
+    assert refused.status == 429 and "can no longer be met" in refused.error
+    assert all(r.id != 1 for _, _, batch in fake.plans for r, _, _ in batch.prefills)
+    assert fake.router.metrics.rejected.labels("ttft_queued")._value.get() == 1

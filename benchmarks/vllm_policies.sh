@@ -104,9 +104,13 @@ bash scripts/setup-vllm.sh
 mkdir -p "$OUT"
 [[ -f $OUT/$NAME/config.json ]] || .venv/bin/tropical export --model smollm2 --dtype "$DTYPE" --out "$OUT/$NAME" >&2
 declare -a instance_pids
-for i in 0 1; do start_instance "$i"; done
-for i in 0 1; do wait_up "http://127.0.0.1:${PORTS[$i]}/v1/models" "${instance_pids[$i]}" "$OUT/vllm-$i.log"; done
-log "both instances are up"
+if curl -sf "http://127.0.0.1:${PORTS[0]}/v1/models" >/dev/null && curl -sf "http://127.0.0.1:${PORTS[1]}/v1/models" >/dev/null; then
+    log "reusing the instances already up on ports ${PORTS[*]} (left by an interrupted run; stop them yourself)"
+else
+    for i in 0 1; do start_instance "$i"; done
+    for i in 0 1; do wait_up "http://127.0.0.1:${PORTS[$i]}/v1/models" "${instance_pids[$i]}" "$OUT/vllm-$i.log"; done
+    log "both instances are up"
+fi
 [[ -f $OUT/profile.json ]] || .venv/bin/tropical profile --server "http://127.0.0.1:${PORTS[0]}" \
     --model "$OUT/$NAME" --grid "$GRID" --out "$OUT/profile.json" >&2
 for repeat in $(seq 1 "$REPEATS"); do  # repeats outermost: a slow spell of the machine hits every policy

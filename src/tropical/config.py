@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields, replace
+from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import tomllib
 
 from tropical.core.slo import SLOSpec
 from tropical.sched.kv_router import OVERLAP_WEIGHT
 from tropical.sched.registry import PolicyParams
-from tropical.sched.rejection import admission_mode
+from tropical.sched.rejection import AdmissionMode
 from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams
+
+Named = TypeVar("Named", bound=Enum)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {"model": "internlm2-20b", "gpu": "a100-80gb", "tp": 2, "workers": 4},
@@ -57,21 +60,23 @@ class PolicyConfig:
     def policy_params(self, num_prefill: int | None = None) -> PolicyParams:
         """The policy's parameters; ``num_prefill`` (a role list's count) wins over ``prefill_workers``."""
         prefill = self.prefill_workers if num_prefill is None else num_prefill
-        toggle = ToggleParams(num_prefill=prefill, watermark=self.watermark, slack=slack_rule(self.slack),
+        slack = choice(SlackRule, self.slack, "slack rule")
+        toggle = ToggleParams(num_prefill=prefill, watermark=self.watermark, slack=slack,
                               lookahead=self.lookahead, demote_doomed=self.demote_doomed,
                               chunked=self.chunked_multiplex, laxity=self.laxity,
                               least_loaded=self.least_loaded, correct=self.correct_predictions,
                               flex=self.roles_both_ways)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
-                            self.kv_overlap_weight, admission_mode(self.admission))
+                            self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 
 
-def slack_rule(name: str) -> SlackRule:
+def choice(kind: type[Named], name: str, what: str) -> Named:
+    """The member of ``kind`` named ``name``; else an error naming ``what`` and the choices."""
     try:
-        return SlackRule(name)
+        return kind(name)
     except ValueError:
-        raise ValueError(f"unknown slack rule {name!r}; choose from "
-                         f"{', '.join(r.value for r in SlackRule)}") from None
+        raise ValueError(f"unknown {what} {name!r}; choose from "
+                         f"{', '.join(m.value for m in kind)}") from None
 
 
 class SLOSettings(Protocol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import make_request, make_worker, start_decoding
+from tropical.config import SimConfig
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.cluster import Assigned, Cluster, Fail
 from tropical.sched.policy import Policy
@@ -15,7 +16,6 @@ from tropical.sched.rejection import (
     TTFT_QUEUED,
     Admission,
     AdmissionMode,
-    admission_mode,
 )
 from tropical.sched.rules import Role
 
@@ -43,8 +43,8 @@ def test_make_policy_gives_every_policy_the_run_s_admission_stage():
         assert make_policy(name).admission == Admission()
         params = PolicyParams(admission=AdmissionMode.PREDICTIVE)
         assert make_policy(name, params).admission == PREDICTIVE
-    with pytest.raises(ValueError, match="early-reject"):
-        admission_mode("reject")
+    with pytest.raises(ValueError, match="unknown admission mode 'reject'; choose from none, early-reject"):
+        SimConfig(admission="reject").policy_params()
 
 
 def test_without_admission_a_hopeless_request_is_placed_as_before():

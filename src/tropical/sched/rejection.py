@@ -40,14 +40,6 @@ class AdmissionMode(str, Enum):
     PREDICTIVE = "predictive"
 
 
-def admission_mode(name: str) -> AdmissionMode:
-    try:
-        return AdmissionMode(name)
-    except ValueError:
-        raise ValueError(f"unknown admission mode {name!r}; choose from "
-                         f"{', '.join(m.value for m in AdmissionMode)}") from None
-
-
 TTFT = "ttft"
 """At arrival: the TTFT predicted on the policy's path misses the SLO."""
 TTFT_QUEUED = "ttft_queued"

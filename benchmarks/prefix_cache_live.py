@@ -57,15 +57,15 @@ def repeat(args: argparse.Namespace, out: Path) -> dict:
     with running(args.model, out / "repeat.log", []) as server:
         for i in range(args.prompts):
             prompt = [100 + (i * 7919 + j * 104729) % 20000 for j in range(args.prompt_tokens)]
-            firsts.append(one_token_seconds(server, prompt))
-            repeats.append(one_token_seconds(server, prompt))
+            firsts.append(one_token_seconds(server, args.model, prompt))
+            repeats.append(one_token_seconds(server, args.model, prompt))
     ratios = [r / f for f, r in zip(firsts, repeats, strict=True)]
     return {"prompt_tokens": args.prompt_tokens, "first_s": firsts, "repeat_s": repeats,
             "repeat_over_first": statistics.median(ratios)}
 
 
-def one_token_seconds(server: ServerProcess, prompt: list[int]) -> float:
-    body = {"model": "x", "prompt": prompt, "max_tokens": 1, "temperature": 0}
+def one_token_seconds(server: ServerProcess, model: str, prompt: list[int]) -> float:
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
     start = time.perf_counter()
     httpx.post(server.url + "/v1/completions", json=body, timeout=600).raise_for_status()
     return time.perf_counter() - start

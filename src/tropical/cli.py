@@ -301,7 +301,13 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
         "backend": f"{' or '.join(BACKENDS)}: workers as local processes, or as Ray actors (see docs/ray.md)",
         "ray_address": "join this Ray cluster, e.g. HEAD:6379 (default: start a private Ray instance here)",
         "ray_max_restarts": "times Ray restarts a dead worker actor (-1: always)",
-        "engine": f"{' or '.join(ENGINES)}: our engine, or vLLM servers as workers (docs/vllm.md)",
+        "engine": f"{', '.join(ENGINES)}: our engine, vLLM servers as workers (docs/vllm.md), or mock "
+                  "workers that sleep a profile's iteration times (no model; for load-testing the router)",
+        "mock_cluster": "the simulator cluster preset a mock worker pretends to be one replica of "
+                        f"(default {d.mock_cluster}: InternLM2-20B on 2x A100-80GB); its KV capacity "
+                        "replaces --kv-tokens",
+        "mock_time_scale": "mock workers sleep their predicted iteration times times this (0.1: ten "
+                           "times faster; SLOs scale alike)",
         "worker_urls": "attach to running vLLM servers: prefill=URL,multiplex=URL,...",
         "vllm_python": "Python of the vLLM environment",
         "vllm_out": "folder for the vLLM instances' logs",

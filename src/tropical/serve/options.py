@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from tropical.config import PolicyConfig
+from tropical.config import PRESETS, PolicyConfig
 from tropical.sched.policy import Policy
 from tropical.sched.registry import make_policy
 from tropical.sched.rules import Role
@@ -14,7 +14,7 @@ from tropical.serve.workers.placement import Placement, split_pins
 DEFAULT_WORKERS = {"colocated": "2", "chunked": "2", "disagg": "prefill,decode",
                    "tropical": "prefill,multiplex", "tropical+": "prefill,multiplex"}
 BACKENDS = ("local", "ray")
-ENGINES = ("tropical", "vllm")
+ENGINES = ("tropical", "vllm", "mock")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class ServeOptions(PolicyConfig):
     nixl_poll_delay_us: int = 0
     iteration_log: str | None = None
     prefix_cache: bool = True
+    mock_cluster: str = "paper"
+    mock_time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
@@ -82,11 +84,27 @@ class ServeOptions(PolicyConfig):
         if self.nixl_poll_delay_us and (self.engine != "vllm" or self.device != "cpu"):
             raise ValueError("--nixl-poll-delay-us is a CPU workaround for vLLM's NIXL connector: "
                              "it needs --engine vllm on --device cpu")
-        if self.iteration_log is not None and self.engine != "tropical":
-            raise ValueError("--iteration-log records our engine's iterations: it needs --engine tropical")
+        if self.iteration_log is not None and self.engine == "vllm":
+            raise ValueError("--iteration-log records the iterations the router plans: it needs "
+                             "--engine tropical or mock")
+        self._check_mock()
         if self.ray_max_restarts < -1:
             raise ValueError(f"--ray-max-restarts must be -1 (no limit) or more, got {self.ray_max_restarts}")
         placements(self, policy_and_roles(self)[1])
+
+    def _check_mock(self) -> None:
+        if self.engine != "mock":
+            if (self.mock_cluster, self.mock_time_scale) != ("paper", 1.0):
+                raise ValueError("--mock-cluster and --mock-time-scale set up mock workers: they need "
+                                 "--engine mock")
+            return
+        if self.mock_cluster not in PRESETS:
+            raise ValueError(f"--mock-cluster must be one of {', '.join(PRESETS)}, got {self.mock_cluster!r}")
+        if not self.mock_time_scale > 0:
+            raise ValueError(f"--mock-time-scale must be more than 0, got {self.mock_time_scale}")
+        if self.backend != "local":
+            raise ValueError("mock workers run on the router's own event loop: --engine mock needs "
+                             "--backend local")
 
     @property
     def ttft_scale(self) -> float:

@@ -22,9 +22,13 @@ from fastapi import FastAPI
 
 from tropical.serve.http.app import MIB, ServerState, ServingRouter, add_routes
 from tropical.serve.http.auth import resolve_api_key
+from tropical.serve.mock.launch import launch_mock
 from tropical.serve.options import ServeOptions
 from tropical.serve.vllm.launch import launch_vllm
 from tropical.serve.workers.launch import launch
+
+LAUNCHERS = {"tropical": launch, "vllm": launch_vllm, "mock": launch_mock}
+"""What starts each engine's workers and the router over them."""
 
 FLUSH_S = 5
 """uvicorn's own graceful shutdown, after the router's drain: time for the last responses (error
@@ -38,7 +42,7 @@ def build_app(options: ServeOptions, state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         say(f"starting {options.policy} with model {options.model} ...")
-        cluster = await (launch_vllm if options.engine == "vllm" else launch)(options, state.metrics)
+        cluster = await LAUNCHERS[options.engine](options, state.metrics)
         state.model_id, state.max_model_len = cluster.model_name, cluster.max_model_len
         router: ServingRouter = cluster.router
         state.created, state.router = int(time.time()), router

@@ -9,11 +9,13 @@ dtype, device and thread count, so later starts reuse it; the returned note says
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tropical.config import slo_spec
 from tropical.core.latency.fitted import FittedModel
+from tropical.core.latency.model import LatencyModel
 from tropical.sched.fleet import worker_states
 from tropical.serve.iteration_log import IterationLog
 from tropical.serve.metrics import ServerMetrics
@@ -45,17 +47,32 @@ class Cluster:
             self.router.iteration_log.close()
 
 
+Price = Callable[[WorkerHandle, Ready], Awaitable[tuple[LatencyModel, str]]]
+"""The latency model that prices the policy, given the first started worker, and a note saying
+where it came from."""
+
+
 async def launch(options: ServeOptions, metrics: ServerMetrics) -> Cluster:
-    """Start the workers, wait until every one is ready, price them, start routing."""
+    """Our engine's workers, priced by a profile: given, cached, or measured on the first worker."""
+
+    async def price(client: WorkerHandle, ready: Ready) -> tuple[LatencyModel, str]:
+        return await choose_profile(options.profile, _profile_source(options, client, ready))
+
+    return await launch_on(options, metrics, lambda workers: open_backend(options, workers), price)
+
+
+async def launch_on(options: ServeOptions, metrics: ServerMetrics, open_: Callable[[int], Backend],
+                    price: Price) -> Cluster:
+    """Start the workers on the backend ``open_`` opens for their count, wait until every one is
+    ready, ``price`` them, start routing."""
     policy, roles = policy_and_roles(options)
-    backend = open_backend(options, len(roles))
+    backend = open_(len(roles))
     clients: list[WorkerHandle] = []
     try:
         clients = backend.spawn([_launch_spec(options, i) for i in range(len(roles))],
                                 placements(options, roles))
         readies = await asyncio.gather(*(c.ready(options.start_timeout) for c in clients))
-        source = _profile_source(options, clients[0], readies[0])
-        latency, note = await choose_profile(options.profile, source)
+        latency, note = await price(clients[0], readies[0])
     except BaseException:
         for client in clients:
             client.stop()

@@ -51,6 +51,8 @@ def test_unset_flags_keep_the_servers_defaults():
     (["--policy", "fastest"], "unknown policy"),
     (["--chunk-budget", "0"], "--chunk-budget must be at least 1"),
     (["--watermark", "1.5"], "watermark must lie in [0, 1]"),
+    (["--admission", "reject"], "unknown admission mode 'reject'"),
+    (["--admission", "early-reject", "--engine", "vllm"], "--admission refuses requests"),
 ])
 def test_bad_policy_flags_are_clear_errors(argv: list[str], message: str):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):

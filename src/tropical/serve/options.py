@@ -84,6 +84,9 @@ class ServeOptions(PolicyConfig):
         if self.nixl_poll_delay_us and (self.engine != "vllm" or self.device != "cpu"):
             raise ValueError("--nixl-poll-delay-us is a CPU workaround for vLLM's NIXL connector: "
                              "it needs --engine vllm on --device cpu")
+        if self.admission != "none" and self.engine == "vllm":
+            raise ValueError("--admission refuses requests from the router's own view of every queue: it "
+                             "needs --engine tropical or mock (a vLLM instance queues what it was sent)")
         if self.iteration_log is not None and self.engine == "vllm":
             raise ValueError("--iteration-log records the iterations the router plans: it needs "
                              "--engine tropical or mock")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -69,9 +68,12 @@ class MockWorker:
                               f"{type(command).__name__}")
 
     async def _step(self, spec: StepSpec) -> StepDone:
-        start = time.perf_counter()
+        """Sleep the step's predicted time; its compute time is what the sleep took on the loop's
+        clock (the one the router reads)."""
+        clock = asyncio.get_running_loop().time
+        start = clock()
         await self._sleep(self.model.latency.iteration_time(step_shape(spec)))
-        return StepDone(self.model.tokens(spec.samples), time.perf_counter() - start)
+        return StepDone(self.model.tokens(spec.samples), clock() - start)
 
     @contextlib.asynccontextmanager
     async def exported(self, seq_id: int, tokens: int, start: int = 0) -> AsyncIterator[int]:

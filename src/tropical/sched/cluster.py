@@ -333,6 +333,7 @@ class Cluster:
         """Take a dead worker out of the policy's view; returns the requests it took with it, and
         what retrying the stalled migrations without it does (with no decoder left, they fail)."""
         self.workers[worker_id].alive = False
+        self.policy.roster_changed()
         lost = self.on_worker(worker_id)
         for req in lost:
             del self._at[req.id]
@@ -343,6 +344,11 @@ class Cluster:
         """A restarted worker serves again with an empty cache: a fresh state under its old role,
         rules, latency and cache size; stalled migrations may now find room on it."""
         old = self.workers[worker_id]
+        directory = old.kv.cache.directory if old.kv.cache is not None else None
+        if directory is not None:
+            directory.drop_worker(worker_id)
         self.workers[worker_id] = worker_state(worker_id, old.role, old.rules, old.kv.capacity_blocks,
-                                               old.kv.block_size, old.latency, old.kv.cache is not None)
+                                               old.kv.block_size, old.latency, old.kv.cache is not None,
+                                               directory)
+        self.policy.roster_changed()
         return self._retry_stalled(now)

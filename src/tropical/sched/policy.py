@@ -85,6 +85,11 @@ class Policy(ABC):
         (a substrate that skips iteration ends must stop there)."""
         return None
 
+    def roster_changed(self) -> None:
+        """A worker died, came back or changed roles (roles and liveness change only through the
+        cluster, or the policy's own role switch): forget whatever was kept of who serves what."""
+        return None
+
     @property
     def checking(self) -> bool:
         """Is ``check_step`` set for some worker now? (Runs already end at their next finish, so

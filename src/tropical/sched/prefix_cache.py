@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
+from tropical.sched.prefix_directory import PrefixDirectory
 
 
 @dataclass(slots=True)
@@ -47,9 +48,12 @@ class PrefixCache:
     (free KV that still serves hits); ``held`` the KV blocks each request here references;
     ``evictions`` counts keys that left: until one does, a run found earlier can only grow, so a
     lookup goes on from its last walk instead of starting over (and, while ``stores``, the keys
-    that entered, stays the same, has nothing to walk)."""
+    that entered, stays the same, has nothing to walk). A ``directory`` shared by the fleet
+    learns which keys enter and leave here, as worker ``owner``'s."""
 
     block_size: int
+    directory: PrefixDirectory | None = None
+    owner: int = 0
     entries: dict[int, CachedBlock] = field(default_factory=dict)
     lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
     refs: dict[int, list[int]] = field(default_factory=dict)
@@ -161,6 +165,8 @@ class PrefixCache:
             entry = entries.get(key)
             if entry is None:
                 entries[key] = CachedBlock(blocks, 1)
+                if self.directory is not None:
+                    self.directory.add(key, self.owner)
                 new += blocks
                 self.stores += 1
             else:
@@ -193,6 +199,8 @@ class PrefixCache:
         while blocks > 0 and self.lru:
             key, _ = self.lru.popitem(last=False)
             entry = self.entries.pop(key)
+            if self.directory is not None:
+                self.directory.remove(key, self.owner)
             self.free_blocks -= entry.blocks
             blocks -= entry.blocks
             self.evictions += 1
@@ -214,6 +222,8 @@ class PrefixCache:
                 disagree.append(key)
                 continue
             del self.entries[key], self.lru[key]
+            if self.directory is not None:
+                self.directory.remove(key, self.owner)
             self.free_blocks -= entry.blocks
             self.evictions += 1
         return disagree

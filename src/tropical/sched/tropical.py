@@ -11,6 +11,7 @@ their TTFT is at risk and some multiplexing worker has the slack.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.chunk import Chunk, Lineup
-from tropical.sched.dispatch import decode_destination, fewest_unfinished, least_work
+from tropical.sched.dispatch import decode_destination, fewest_unfinished, first_fitting, has_room, least_work
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
@@ -70,6 +71,11 @@ _AtRisk = tuple[Request, WorkerState, float]
 """A queued request whose TTFT is at risk, the prefill worker it waits on, and its predicted
 Path 1 finish there."""
 _CHUNKS_KEPT = 4096
+SHORTLIST = 16
+"""Multiplexing workers Path 2 prices per request: all of them up to this many; beyond, the
+ones with the least work once they took it (their prefix cache's hit counted), so that a
+decision costs the same at a thousand workers as at sixteen (pricing a worker plans its next
+iteration: the scan the toggle cannot afford per worker at scale)."""
 
 
 class TropicalPolicy(Policy):
@@ -99,6 +105,7 @@ class TropicalPolicy(Policy):
         self._lineups: dict[int, Lineup] = {}
         self._risks: dict[int, QueueRisk] = {}
         self._roles = RoleSwitch()
+        self._roster: tuple[Sequence[WorkerState], list[WorkerState], list[WorkerState]] | None = None
 
     @property
     def learns_latency(self) -> bool:
@@ -120,9 +127,22 @@ class TropicalPolicy(Policy):
     def checking(self) -> bool:
         return bool(self._checks)
 
+    def roster_changed(self) -> None:
+        self._roster = None
+
+    def _split(self, workers: Sequence[WorkerState]) -> tuple[list[WorkerState], list[WorkerState]]:
+        """The live prefill and multiplexing workers, kept while the roster stands (every event
+        asks; a pass over a thousand workers per event is what the toggle cannot afford)."""
+        kept = self._roster
+        if kept is None or kept[0] is not workers:
+            live = [w for w in workers if w.alive]
+            kept = self._roster = (workers, [w for w in live if w.role is Role.PREFILL],
+                                   [w for w in live if w.role is Role.MULTIPLEX])
+        return kept[1], kept[2]
+
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
-        prefill, multiplex = _split(workers)
+        prefill, multiplex = self._split(workers)
         self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}
         self._forget_chunks()
         best, finish = self._path1(req, prefill, now)
@@ -130,7 +150,7 @@ class TropicalPolicy(Policy):
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
                                first_token=finish)]
-        options = [(done, w.id, w) for w in multiplex
+        options = [(done, w.id, w) for w in shortlist(req, multiplex)
                    if (done := self._multiplex_finish(req, w, None, now)) is not None
                    and self._worth(req, done, finish)]
         if options:
@@ -155,7 +175,7 @@ class TropicalPolicy(Policy):
         toggle, each after the others of its length; chunked multiplexing leaves them, and
         demotion lets them yield.
         """
-        prefill, multiplex = _split(workers)
+        prefill, multiplex = self._split(workers)
         at_risk = self._queued_at_risk(prefill, now)
         self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
@@ -164,6 +184,7 @@ class TropicalPolicy(Policy):
         if self.toggle.flex:
             self._roles.update(workers, now, len(moves) < at_risk.count,
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
+            self.roster_changed()
         if not self.toggle.demote_doomed:
             return moves
         return moves + [self._demoted(req, source) for req, source, _ in at_risk.doomed()
@@ -174,7 +195,7 @@ class TropicalPolicy(Policy):
         plans: dict[int, Pending] = {}
         moves = []
         for req, source, finish in at_risk:
-            options = [(done, w.id, w) for w in multiplex
+            options = [(done, w.id, w) for w in shortlist(req, multiplex)
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
                 self._plan_checks(req, multiplex, plans, now, finish)
@@ -236,12 +257,14 @@ class TropicalPolicy(Policy):
                now: float) -> tuple[WorkerState | None, float]:
         """The prefill worker with the earliest predicted finish for ``req`` (or, given the
         baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
-        options = [(free_at(w, now) + w.prefill_estimate(req), w.id, w) for w in prefill]
-        if not options:
-            return None, float("inf")
         if self.toggle.least_loaded:
             chosen = (least_work(req, prefill) if self.toggle.cache_aware else fewest_unfinished(prefill))
-            return chosen, next(finish for finish, _, w in options if w is chosen)
+            if chosen is None:
+                return None, math.inf
+            return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)
+        options = [(free_at(w, now) + w.prefill_estimate(req), w.id, w) for w in prefill]
+        if not options:
+            return None, math.inf
         finish, _, worker = min(options)
         return worker, finish
 
@@ -382,9 +405,8 @@ class TropicalPolicy(Policy):
         arriving request's own TPOT budget; any worker with room when none does. Under chunked
         multiplexing the request rather waits (None) while some worker decodes, so that no
         decode iteration outgrows a TPOT SLO it promised."""
-        fitting = [w for w in workers if w.role.decodes and w.id not in self._roles.returning
-                   and self._joins_in_time(req, w, now)]
-        chosen = decode_destination(req, fitting)
+        chosen = first_fitting(workers, lambda w: has_room(req, w) and w.id not in self._roles.returning
+                               and self._joins_in_time(req, w, now))
         decoding = any(w.batch_size for w in workers if w.alive and w.role.decodes)
         if chosen is not None or (self.toggle.chunked and decoding):
             return chosen
@@ -405,7 +427,19 @@ class TropicalPolicy(Policy):
         return Assignment(req, target.id, PrefillPath.FALLBACK, "no live prefill worker")
 
 
-def _split(workers: Sequence[WorkerState]) -> tuple[list[WorkerState], list[WorkerState]]:
-    live = [w for w in workers if w.alive]
-    return ([w for w in live if w.role is Role.PREFILL],
-            [w for w in live if w.role is Role.MULTIPLEX])
+def shortlist(req: Request, multiplex: list[WorkerState]) -> list[WorkerState]:
+    """The multiplexing workers Path 2 prices for ``req`` (see ``SHORTLIST``): the least
+    loaded of those holding the deepest block of its prefix that any holds (where a follow-up
+    turn finds its history; they would find about the same hit), and the least loaded."""
+    if len(multiplex) <= SHORTLIST:
+        return multiplex
+    cache = multiplex[0].kv.cache
+    holders = cache.directory.deepest_holders(req) if cache is not None and cache.directory else set()
+    near = heapq.nsmallest(SHORTLIST // 2, (w for w in multiplex if w.id in holders), key=_load)
+    taken = {w.id for w in near}
+    return near + heapq.nsmallest(SHORTLIST - len(near), (w for w in multiplex if w.id not in taken),
+                                  key=_load)
+
+
+def _load(worker: WorkerState) -> tuple[int, int]:
+    return worker.unfinished_tokens, worker.id

@@ -22,6 +22,7 @@ from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.kv import KVPool
 from tropical.sched.prefix_cache import PrefixCache
+from tropical.sched.prefix_directory import PrefixDirectory
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.token_gaps import TokenGaps
 
@@ -459,7 +460,9 @@ UNPRICED = FittedModel(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, transfer_bandwidth=1.0
 
 
 def worker_state(worker_id: int, role: Role, rules: BatchRules, cache_blocks: int, block_size: int,
-                 latency: LatencyModel = UNPRICED, prefix_cache: bool = False) -> WorkerState:
-    """A WorkerState whose KV pool mirrors an engine cache of ``cache_blocks`` blocks."""
-    cache = PrefixCache(block_size) if prefix_cache else None
+                 latency: LatencyModel = UNPRICED, prefix_cache: bool = False,
+                 directory: PrefixDirectory | None = None) -> WorkerState:
+    """A WorkerState whose KV pool mirrors an engine cache of ``cache_blocks`` blocks (with a
+    prefix cache, whose keys the fleet's ``directory`` tracks if given)."""
+    cache = PrefixCache(block_size, directory, worker_id) if prefix_cache else None
     return WorkerState(worker_id, role, rules, KVPool(cache_blocks, block_size, cache=cache), latency)

@@ -91,6 +91,7 @@ class Simulator:
         self._events: list[tuple[float, int, int, tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self._flights: dict[int, Flight] = {}
+        self._due: list[tuple[float, int]] = []
         self._versions = itertools.count()
         self.decision_s: list[float] = []
 
@@ -174,7 +175,7 @@ class Simulator:
             steps = 1 if batch.held else self._run_length(worker)
             run = DecodeRun.start(worker, steps, self.truth[worker.id])
             flight = Flight(self.now, self.now + run.duration, version, batch, run)
-            self.cluster.expect_end(worker.id, self.now + run.iteration(1))
+            self._expect(worker.id, self.now + run.iteration(1))
         else:
             duration = self.truth[worker.id].iteration_time(batch.shape)
             flight = Flight(self.now, self.now + duration, version, batch)
@@ -182,21 +183,35 @@ class Simulator:
         self._flights[worker.id] = flight
         self._push(flight.end, _ITER_END, (worker.id, version))
 
+    def _expect(self, worker_id: int, end: float) -> None:
+        """A decode run's next iteration ends at ``end``: due for settling then."""
+        self.cluster.expect_end(worker_id, end)
+        heapq.heappush(self._due, (end, worker_id))
+
     def _settle_all(self) -> None:
-        """Book every decode iteration completed by now, so policies see exact worker states."""
-        for worker_id, flight in self._flights.items():
-            run = flight.run
-            if run is None or self.now < self.workers[worker_id].busy_until:
+        """Book every decode iteration completed by now, so policies see exact worker states
+        (only the runs with an iteration due: an event costs the same at a thousand workers; a
+        run whose due iteration the clock has not quite passed stays due)."""
+        unsettled = []
+        while self._due and self._due[0][0] <= self.now:
+            due = heapq.heappop(self._due)
+            flight = self._flights.get(due[1])
+            if flight is None or flight.run is None or self.now < self.workers[due[1]].busy_until:
                 continue
+            worker_id, run = due[1], flight.run
             done = run.completed_by(self.now - flight.start)
-            if done:
+            if not done:
+                unsettled.append(due)
+            else:
                 elapsed = run.elapsed(done)
                 self.cluster.advance(worker_id, done, flight.start + elapsed, run.iteration(1), run.growth)
                 self.stats[worker_id].busy += elapsed
                 self.stats[worker_id].iterations += done
                 flight.start += elapsed
                 flight.run = run.rest_after(done)
-                self.cluster.expect_end(worker_id, flight.start + flight.run.iteration(1))
+                self._expect(worker_id, flight.start + flight.run.iteration(1))
+        for due in unsettled:
+            heapq.heappush(self._due, due)
 
     def _cut_run(self, worker: WorkerState, steps: int | None = None) -> None:
         """Shorten a decode run: to ``steps`` iterations, or else to end at the first iteration

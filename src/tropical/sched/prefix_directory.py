@@ -1,0 +1,42 @@
+"""Which workers hold each prefix block: the cluster-wide index a cache-aware router keeps
+(Dynamo's KV router keeps one as a radix tree fed by KV events), so that finding the workers a
+prompt would hit costs its prefix's length, not a look at every worker's cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tropical.core.request import Request
+
+
+@dataclass(slots=True)
+class PrefixDirectory:
+    """Prefix key -> the ids of the workers whose caches hold that block now."""
+
+    holders: dict[int, set[int]] = field(default_factory=dict)
+
+    def add(self, key: int, worker_id: int) -> None:
+        self.holders.setdefault(key, set()).add(worker_id)
+
+    def remove(self, key: int, worker_id: int) -> None:
+        held = self.holders.get(key)
+        if held is not None:
+            held.discard(worker_id)
+            if not held:
+                del self.holders[key]
+
+    def drop_worker(self, worker_id: int) -> None:
+        """``worker_id`` lost its cache (it died, or came back empty)."""
+        for key in [k for k, held in self.holders.items() if worker_id in held]:
+            self.remove(key, worker_id)
+
+    def deepest_holders(self, req: Request) -> set[int]:
+        """The workers holding the deepest block of ``req``'s prefix that any worker holds along
+        a run from its first block (empty if none holds its first)."""
+        deepest: set[int] = set()
+        for key in req.prefix:
+            held = self.holders.get(key)
+            if not held:
+                break
+            deepest = held
+        return deepest

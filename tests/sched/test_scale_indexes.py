@@ -1,0 +1,155 @@
+"""What keeps a decision's cost flat as the fleet grows: the walks by load stop early yet choose
+what a look at every worker would, the directory of prefix holders follows every cache exactly,
+the toggle's role split follows deaths and revivals, and Path 2's shortlist keeps the workers
+that matter."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.factories import linear_model, make_request
+from tests.sched.test_prefix_cache import BLOCK, keys, prefixed
+from tropical.core.request import Request
+from tropical.sched.baselines import DisaggPolicy
+from tropical.sched.cluster import Cluster
+from tropical.sched.dispatch import decode_destination, has_room, least_work
+from tropical.sched.fleet import worker_states
+from tropical.sched.prefix_cache import PrefixCache
+from tropical.sched.registry import PolicyParams, make_policy
+from tropical.sched.rules import Role
+from tropical.sched.tropical import SHORTLIST, shortlist
+from tropical.sched.worker import WorkerState
+
+LABELS = ["a", "ab", "abc", "b", "bc", "c"]
+
+
+def fleet(n: int, role: Role = Role.MULTIPLEX, kv_tokens: int = 4_096) -> list[WorkerState]:
+    policy = make_policy("tropical+", PolicyParams())
+    return worker_states(policy, [role] * n, [(kv_tokens // 16, 16)] * n, [linear_model()] * n,
+                         prefix_cache=True)
+
+
+def load(worker: WorkerState, rng: random.Random, rid: int) -> None:
+    """Give ``worker`` some queued prompts (some sharing prefixes) and cache what they computed."""
+    for i in range(rng.randrange(4)):
+        prompt = rng.choice([BLOCK * 2, BLOCK * 3 + 5, 40])
+        req = prefixed(rid * 100 + i, keys(rng.choice(LABELS), prompt), prompt)
+        worker.enqueue(req)
+        if rng.random() < 0.5 and worker.reserve(req):
+            worker.complete_prefill(req, req.remaining_prompt, now=0.0)
+            if rng.random() < 0.5:
+                worker.abort(req)
+
+
+def loaded_fleet(seed: int, n: int) -> list[WorkerState]:
+    rng = random.Random(seed)
+    workers = fleet(n, kv_tokens=rng.choice([1_024, 4_096]))
+    for w in workers:
+        load(w, rng, w.id + 1)
+        w.alive = rng.random() > 0.1
+    return workers
+
+
+def holders_by_cache(workers: list[WorkerState]) -> dict[int, set[int]]:
+    truth: dict[int, set[int]] = {}
+    for w in workers:
+        assert w.kv.cache is not None
+        for key in w.kv.cache.entries:
+            truth.setdefault(key, set()).add(w.id)
+    return truth
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 12), st.sampled_from(LABELS), st.integers(1, 5 * BLOCK))
+def test_least_work_walks_by_load_and_chooses_what_a_full_look_would(seed, n, label, prompt):
+    workers = loaded_fleet(seed, n)
+    req = prefixed(99_999, keys(label, prompt), prompt)
+    live = [w for w in workers if w.alive]
+    expected = min(live, key=lambda w: (w.unfinished_tokens + w.prompt_split(req)[0], w.id)) if live else None
+    assert least_work(req, workers) is expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 12), st.integers(1, 3_000))
+def test_decode_destination_is_the_least_loaded_with_room(seed, n, prompt):
+    workers = loaded_fleet(seed, n)
+    req = make_request(99_999, prompt=prompt, output=50)
+    room = [w for w in workers if w.alive and has_room(req, w)]
+    expected = min(room, key=lambda w: (w.unfinished_tokens, w.id)) if room else None
+    assert decode_destination(req, workers) is expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 6))
+def test_the_directory_holds_exactly_what_every_cache_holds(seed, n):
+    workers = loaded_fleet(seed, n)
+    cache = workers[0].kv.cache
+    assert cache is not None and cache.directory is not None
+    assert cache.directory.holders == holders_by_cache(workers)
+    for w in workers:
+        assert w.kv.cache is not None
+        w.kv.cache.clear()
+    assert cache.directory.holders == holders_by_cache(workers)
+
+
+def test_the_directory_follows_forgotten_keys_and_a_revived_worker_starts_empty():
+    workers = fleet(3, role=Role.COLOCATED)
+    cluster = Cluster(workers, DisaggPolicy(512))
+    for w in workers:
+        load(w, random.Random(w.id), w.id + 1)
+    first = workers[0].kv.cache
+    assert isinstance(first, PrefixCache) and first.directory is not None
+    unreferenced = [k for k, e in first.entries.items() if e.refs == 0]
+    first.forget(unreferenced)
+    assert first.directory.holders == holders_by_cache(cluster.workers)
+    cluster.worker_died(1, 0.0)
+    cluster.worker_revived(1, 0.0)
+    assert all(1 not in held for held in first.directory.holders.values())
+    assert first.directory.holders == holders_by_cache(cluster.workers)
+
+
+def test_the_toggle_splits_roles_anew_after_a_death_and_a_revival():
+    policy = make_policy("tropical+", PolicyParams())
+    workers = worker_states(policy, policy.roles(4), [(4_096, 16)] * 4, [linear_model()] * 4)
+    cluster = Cluster(workers, policy)
+
+    def serving() -> list[WorkerState]:
+        cluster.arrive(make_request(len(cluster.workers) * 10, prompt=200, output=5, ttft=100.0), 0.0)
+        prefill, multiplex = policy._split(cluster.workers)
+        return prefill + multiplex
+
+    assert serving() == cluster.workers
+    cluster.worker_died(0, 0.0)
+    assert [w.id for w in serving()] == [1, 2, 3]
+    cluster.worker_revived(0, 0.0)
+    assert all(a is b for a, b in zip(serving(), cluster.workers, strict=True))
+
+
+def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_prefix_holders():
+    small = fleet(SHORTLIST)
+    req = prefixed(1, keys("abc", 3 * BLOCK), 3 * BLOCK)
+    assert shortlist(req, small) == small
+    workers = fleet(4 * SHORTLIST)
+    rng = random.Random(3)
+    for w in workers[1:]:
+        w.enqueue(make_request(1_000 + w.id, prompt=rng.randrange(100, 5_000)))
+    holder = workers[-1]
+    history = prefixed(2_000, keys("abc", 3 * BLOCK), 3 * BLOCK)
+    holder.enqueue(history)
+    assert holder.reserve(history)
+    holder.complete_prefill(history, history.remaining_prompt, now=0.0)
+    picked = shortlist(req, workers)
+    assert len(picked) == SHORTLIST and len({w.id for w in picked}) == SHORTLIST
+    assert workers[0] in picked and holder in picked
+    least = sorted(workers, key=lambda w: (w.unfinished_tokens, w.id))[:SHORTLIST // 2]
+    assert all(w in picked for w in least)
+
+
+def test_a_request_without_prefix_blocks_has_no_holders():
+    workers = fleet(2)
+    cache = workers[0].kv.cache
+    assert cache is not None and cache.directory is not None
+    assert cache.directory.deepest_holders(Request(1, 0.0, 100, 1, make_request().slo)) == set()

@@ -76,7 +76,7 @@ def test_every_iteration_takes_what_the_profile_predicts_for_its_batch(tmp_path:
         assert r.wall >= r.compute  # a step waits for a KV export running on its worker
 
 
-@pytest.mark.parametrize("policy", MAIN_POLICIES)
+@pytest.mark.parametrize("policy", policy_names())
 def test_the_router_serves_every_request_with_mock_workers(tmp_path: Path, model: MockModel,
                                                            policy: str) -> None:
     events = serve_virtually(policy, model, tmp_path / "it.jsonl")
@@ -84,7 +84,7 @@ def test_the_router_serves_every_request_with_mock_workers(tmp_path: Path, model
     assert all(stream[-1].error is None for stream in events)
     assert [len(t) > 0 for t in texts] == [True] * len(texts)
     assert all(t.strip() in ANSWER * 2 for t in texts), texts
-    if policy in ("disagg", "tropical"):
+    if policy in ("disagg", "kv-router-disagg", "tropical"):
         assert read_migrations(tmp_path / "it.jsonl"), "no prefill migrated to a decode worker"
 
 

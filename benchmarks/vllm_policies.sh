@@ -118,4 +118,7 @@ for repeat in $(seq 1 "$REPEATS"); do  # repeats outermost: a slow spell of the 
         for policy in $POLICIES; do run_policy "$policy" "$rate" "$repeat"; done
     done
 done
+log "measuring instance 0 again, as it ran (the twin's iteration times)"
+.venv/bin/tropical profile --server "http://127.0.0.1:${PORTS[0]}" --model "$OUT/$NAME" --grid "$GRID" \
+    --out "$OUT/profile-truth.json" >&2
 SLO_TTFT_MS=$SLO_TTFT_MS SLO_TPOT_MS=$SLO_TPOT_MS .venv/bin/python benchmarks/vllm_policies_twin.py "$OUT"

@@ -2,8 +2,11 @@
 over vLLM (benchmarks/vllm_policies.sh writes the runs, then calls this).
 
 Every run (OUT/<policy>/rate-<scale>/run-<k>/) is simulated on a twin of the two instances: the
-policy's roles, the instances' KV cache (vLLM's log), the profile measured over HTTP, and the very
-requests the client sent (its requests.jsonl: send times, prompt and output tokens). The table
+policy's roles, the instances' KV cache (vLLM's log), the very requests the client sent (its
+requests.jsonl: send times, prompt and output tokens), the policy deciding by the profile the
+routers were given (OUT/profile.json) and iterations timed by OUT/profile-truth.json where there is
+one (the instances measured again after the runs: the speed they ran at, where the routers'
+profile was measured on a machine loaded otherwise), else by that same profile. The table
 gives, per policy and rate, the measured goodput as mean (min..max) over the repeats, the twin's
 mean, and the twin's error; then the median and largest error over all cells. OUT/twin.json holds
 every run's pair.
@@ -48,7 +51,9 @@ def sent(run: Path) -> list[PlannedRequest]:
 
 def pairs(out: Path, slo: SLO) -> list[dict]:
     """Every run's measured goodput and its twin's, with the rate it was replayed at."""
-    latency, shape_kv = load_profile(out / "profile.json"), kv_tokens(out)
+    predictor, shape_kv = load_profile(out / "profile.json"), kv_tokens(out)
+    truth = out / "profile-truth.json"
+    latency = load_profile(truth) if truth.is_file() else predictor
     rows = []
     for summary in sorted(out.glob("*/rate-*/run-*/summary.json")):
         run, name = summary.parent, summary.parents[2].name
@@ -57,7 +62,8 @@ def pairs(out: Path, slo: SLO) -> list[dict]:
             continue
         policy, workers = ROLES[name]
         measured = json.loads(summary.read_text())
-        twin = simulate_twin(sent(run), slo, policy, ServerShape(shape_kv, 16, 2048, 2048, workers), latency)
+        shape = ServerShape(shape_kv, 16, 2048, 2048, workers)
+        twin = simulate_twin(sent(run), slo, policy, shape, latency, predictor=predictor)
         rows.append({"policy": name, "rate_scale": float(match["rate"]), "repeat": int(match["repeat"]),
                      "rate_rps": measured["rate_rps"], "measured": measured["goodput_rps"],
                      "twin": goodput(twin.requests)})

@@ -3,7 +3,7 @@ per request, its decision latency, and what limits it, at 16, 64 and 256 workers
 
 Usage: python benchmarks/router_load.py [--sizes 16,64,256] [--policies tropical,colocated]
            [--concurrency 64] [--seconds 15] [--warmup 3] [--prompt-tokens 256] [--max-tokens 8]
-           [--time-scale 0.05] [--json]
+           [--time-scale 0.05] [--breakdown] [--json]
 
 Each cell starts `tropical serve --engine mock --workers N --policy P` (paper-cluster mock workers
 sleeping ``--time-scale`` of their predicted times, so the workers are never what limits) in a
@@ -25,14 +25,20 @@ uses a whole core (it is one thread), split by whether deciding takes most of it
 rest does (HTTP, streaming, bookkeeping: "HTTP streaming"), "load generator" when the clients'
 process uses a whole core, or "CPU contention" when neither does and the machine's load average
 exceeds its cores (a shared machine: the CPU columns still hold, the rates and wall times do not).
+``--breakdown`` profiles the router process (cProfile, which slows it: run it apart from the
+numbers above) and adds a table of where its CPU goes: the policy (sched, core), the mock workers,
+HTTP (uvicorn, FastAPI, pydantic, JSON), metrics (prometheus_client), the router and its streams,
+and the event loop itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -50,6 +56,7 @@ from tropical.report.tables import render
 from tropical.serve.process import ServerProcess, free_port
 
 INSTRUMENTED = "--instrumented-serve"
+PROFILE_ENV = "ROUTER_LOAD_PROFILE"
 TIMED_CALLS = ("arrive", "plan", "book")
 LAG_PERIOD_S = 0.01
 CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
@@ -97,6 +104,7 @@ def instrumented_serve(out: Path, serve_args: list[str]) -> int:
 
     decisions, lags = array("d"), array("d")
     init, start, stop = Router.__init__, Router.start, Router.stop
+    profiler = cProfile.Profile(time.thread_time) if os.environ.get(PROFILE_ENV) else None  # CPU, not wall
 
     def timed_init(self: Router, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
@@ -105,15 +113,42 @@ def instrumented_serve(out: Path, serve_args: list[str]) -> int:
     def start_watching(self: Router) -> None:
         start(self)
         self.lag_watch = asyncio.create_task(watch_loop(lags))  # type: ignore[attr-defined]
+        if profiler is not None:
+            profiler.enable()
 
     async def stop_and_write(self: Router) -> None:
+        parts = {}
+        if profiler is not None:
+            profiler.disable()
+            parts = cpu_by_part(pstats.Stats(profiler))
         await stop(self)
-        out.write_text(json.dumps({"decisions": list(decisions), "lags": list(lags)}))
+        out.write_text(json.dumps({"decisions": list(decisions), "lags": list(lags), "parts": parts}))
 
     Router.__init__ = timed_init  # type: ignore[method-assign]
     Router.start = start_watching  # type: ignore[method-assign]
     Router.stop = stop_and_write  # type: ignore[method-assign]
     return main(["serve", *serve_args])
+
+
+PARTS = (("policy", ("tropical/sched/", "tropical/core/")), ("mock workers", ("tropical/serve/mock/",)),
+         ("HTTP", ("tropical/serve/http/", "/uvicorn/", "/h11/", "/starlette/", "/fastapi/", "/pydantic",
+                   "/anyio/", "/json/")),
+         ("metrics", ("/prometheus_client/",)), ("router and streams", ("tropical/",)),
+         ("event loop", ("/asyncio/", "selectors.py")), ("instrumentation", ("benchmarks/router_load.py",)))
+"""Where the router process's CPU goes, by the file each function is in (first match)."""
+
+
+def cpu_by_part(stats: pstats.Stats) -> dict[str, float]:
+    """Seconds of the profiled thread's own time in each of PARTS (and "other"); a C built-in's
+    time (a socket send, a dict lookup) goes to the parts of the functions that called it."""
+    parts: dict[str, float] = {}
+    for (filename, _, _), (_, _, own, _, callers) in stats.stats.items():  # type: ignore[attr-defined]
+        spent = ({caller[0]: times[2] for caller, times in callers.items()} if filename == "~" and callers
+                 else {filename: own})
+        for where, seconds in spent.items():
+            part = next((name for name, marks in PARTS if any(m in where for m in marks)), "other")
+            parts[part] = parts.get(part, 0.0) + seconds
+    return parts
 
 
 @dataclass(frozen=True)
@@ -132,6 +167,7 @@ class Cell:
     client_cores: float
     load_average: float
     errors: int
+    parts: dict[str, float]
 
     @property
     def limit(self) -> str:
@@ -196,8 +232,9 @@ def run_cell(policy: str, workers: int, args: argparse.Namespace, out: Path) -> 
     serve = ["--engine", "mock", "--workers", str(workers), "--policy", policy, "--mock-time-scale",
              str(args.time_scale), "--max-waiting", "100000", "--port", str(port)]
     with log.open("w") as sink:
+        env = {**os.environ, PROFILE_ENV: "1"} if args.breakdown else None
         process = subprocess.Popen([sys.executable, __file__, INSTRUMENTED, str(samples), *serve],
-                                   stdout=sink, stderr=subprocess.STDOUT)
+                                   stdout=sink, stderr=subprocess.STDOUT, env=env)
     server = ServerProcess(f"http://127.0.0.1:{port}", process, log)
     try:
         server.wait_healthy(180)
@@ -244,7 +281,7 @@ def summarize(policy: str, workers: int, load: Load, measured: dict[str, float],
                 router_cpu / max(load.completed, 1) * 1e3, router_cpu / seconds,
                 float(cpu.sum()) / max(router_cpu, 1e-9), percentile_us(wall, 50), percentile_us(wall, 99),
                 percentile_us(cpu, 99), percentile_us(lags, 99) / 1e3, measured["client_cpu"] / seconds,
-                measured["load_average"], load.errors)
+                measured["load_average"], load.errors, data["parts"])
 
 
 def percentile_us(seconds: np.ndarray, q: float) -> float:
@@ -261,6 +298,14 @@ def table(cells: list[Cell]) -> str:
                    "loop lag P99 ms", "client cores", "errors", "limit"], rows)
 
 
+def breakdown(cells: list[Cell]) -> str:
+    """Each part's share of the router's profiled CPU time."""
+    names = [name for name, _ in PARTS] + ["other"]
+    rows = [[c.policy, str(c.workers), *(f"{c.parts.get(n, 0.0) / sum(c.parts.values()):.0%}" for n in names)]
+            for c in cells]
+    return render(["policy", "workers", *names], rows)
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == INSTRUMENTED:
         sys.exit(instrumented_serve(Path(sys.argv[2]), sys.argv[3:]))
@@ -273,6 +318,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--time-scale", type=float, default=0.05)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="profile the router (cProfile: slower) and show where its CPU goes")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="router-load-"))
@@ -281,7 +328,12 @@ def main() -> None:
         for workers in (int(s) for s in args.sizes.split(",")):
             cells.append(run_cell(policy, workers, args, out))
             print(f"{policy} at {workers} workers: {cells[-1].requests_per_s:.0f} req/s", file=sys.stderr)
-    print(json.dumps([asdict(c) | {"limit": c.limit} for c in cells]) if args.json else table(cells))
+    if args.json:
+        print(json.dumps([asdict(c) | {"limit": c.limit} for c in cells]))
+        return
+    print(table(cells))
+    if args.breakdown:
+        print(breakdown(cells))
 
 
 if __name__ == "__main__":

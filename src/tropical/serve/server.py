@@ -12,7 +12,7 @@ import asyncio
 import os
 import shlex
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
 from typing import Any
@@ -22,12 +22,14 @@ from fastapi import FastAPI
 
 from tropical.serve.http.app import MIB, ServerState, ServingRouter, add_routes
 from tropical.serve.http.auth import resolve_api_key
+from tropical.serve.metrics import ServerMetrics
 from tropical.serve.mock.launch import launch_mock
 from tropical.serve.options import ServeOptions
-from tropical.serve.vllm.launch import launch_vllm
-from tropical.serve.workers.launch import launch
+from tropical.serve.vllm.launch import VllmCluster, launch_vllm
+from tropical.serve.workers.launch import Cluster, launch
 
-LAUNCHERS = {"tropical": launch, "vllm": launch_vllm, "mock": launch_mock}
+Launch = Callable[[ServeOptions, ServerMetrics], Awaitable[Cluster | VllmCluster]]
+LAUNCHERS: dict[str, Launch] = {"tropical": launch, "vllm": launch_vllm, "mock": launch_mock}
 """What starts each engine's workers and the router over them."""
 
 FLUSH_S = 5

@@ -68,7 +68,9 @@ def mock_model(options: ServeOptions) -> MockModel:
 
 def _tokenizer() -> Tokenizer:
     raw = train_tokenizer()
-    return Tokenizer(raw, None, [raw.token_to_id(EOS_TOKEN)], CHATML_TEMPLATE)
+    eos = raw.token_to_id(EOS_TOKEN)
+    assert eos is not None, f"the tiny tokenizer lacks {EOS_TOKEN}"
+    return Tokenizer(raw, None, [eos], CHATML_TEMPLATE)
 
 
 def _config(spec: ModelSpec, tokenizer: Tokenizer) -> ModelConfig:

@@ -15,7 +15,8 @@ tokens and ``--max-tokens`` output tokens for ``--warmup`` + ``--seconds`` secon
 ``--seconds`` count. The same load at every size, so a cost that grows with the workers shows as
 growth down each policy's rows.
 
-Columns: completed requests/s; decisions/s (arrive + plan + book calls a second); router CPU per
+Columns: completed requests/s; decisions/s (arrive + plan + book calls a second) and per second of
+router CPU (what one core of its own would sustain, where contention starves it); router CPU per
 request (the server process's user+system time over the window, mock workers included, since they
 run on the router's loop: an upper bound on the router's own) and the cores it used; the share of
 that CPU spent deciding (the decisions' own thread CPU time); decision P50/P99 in wall time (what a
@@ -28,7 +29,8 @@ exceeds its cores (a shared machine: the CPU columns still hold, the rates and w
 ``--breakdown`` profiles the router process (cProfile, which slows it: run it apart from the
 numbers above) and adds a table of where its CPU goes: the policy (sched, core), the mock workers,
 HTTP (uvicorn, FastAPI, pydantic, JSON), metrics (prometheus_client), the router and its streams,
-and the event loop itself.
+and the event loop itself (the profiler's cost per call inflates call-dense code, the policy most:
+take the policy's share from the main table, and the split of the rest from this one).
 """
 
 from __future__ import annotations
@@ -290,10 +292,12 @@ def percentile_us(seconds: np.ndarray, q: float) -> float:
 
 def table(cells: list[Cell]) -> str:
     rows = [[c.policy, str(c.workers), f"{c.requests_per_s:,.0f}", f"{c.decisions_per_s:,.0f}",
-             f"{c.router_cpu_ms_per_request:.2f}", f"{c.router_cores:.2f}", f"{c.deciding_share:.0%}",
+             f"{c.decisions_per_s / max(c.router_cores, 1e-9):,.0f}", f"{c.router_cpu_ms_per_request:.2f}",
+             f"{c.router_cores:.2f}", f"{c.deciding_share:.0%}",
              f"{c.decision_p50_us:.0f}", f"{c.decision_p99_us:.0f}", f"{c.decision_cpu_p99_us:.0f}",
              f"{c.loop_lag_p99_ms:.1f}", f"{c.client_cores:.2f}", str(c.errors), c.limit] for c in cells]
-    return render(["policy", "workers", "req/s", "decisions/s", "router CPU ms/req", "router cores",
+    return render(["policy", "workers", "req/s", "decisions/s", "decisions/core-s", "router CPU ms/req",
+                   "router cores",
                    "deciding", "decision P50 us", "decision P99 us", "decision CPU P99 us",
                    "loop lag P99 ms", "client cores", "errors", "limit"], rows)
 

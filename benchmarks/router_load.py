@@ -19,7 +19,8 @@ Columns: completed requests/s; decisions/s (arrive + plan + book calls a second)
 router CPU (what one core of its own would sustain, where contention starves it); router CPU per
 request (the server process's user+system time over the window, mock workers included, since they
 run on the router's loop: an upper bound on the router's own) and the cores it used; the share of
-that CPU spent deciding (the decisions' own thread CPU time); decision P50/P99 in wall time (what a
+that CPU spent deciding (the decisions' own thread CPU time) and the mean CPU time of each kind of
+call; decision P50/P99 in wall time (what a
 request waits) and P99 in CPU time (what the call costs, whatever else the machine runs); the loop
 lag P99; the load generator's CPU use (cores); and the limit: "event loop" when the router process
 uses a whole core (it is one thread), split by whether deciding takes most of it ("policy") or the
@@ -66,19 +67,19 @@ CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 class TimedCluster:
     """A Cluster whose decisions are timed into ``samples`` (time of day, wall seconds, CPU
-    seconds of this thread: a shared machine stretches the wall, not the CPU time); every other
-    attribute is the Cluster's own."""
+    seconds of this thread: a shared machine stretches the wall, not the CPU time; the call's
+    index in TIMED_CALLS); every other attribute is the Cluster's own."""
 
     def __init__(self, cluster: Any, samples: array) -> None:
         self._cluster = cluster
         self._samples = samples
-        for name in TIMED_CALLS:
-            setattr(self, name, self._timed(getattr(cluster, name)))
+        for kind, name in enumerate(TIMED_CALLS):
+            setattr(self, name, self._timed(getattr(cluster, name), kind))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cluster, name)
 
-    def _timed(self, call: Any) -> Any:
+    def _timed(self, call: Any, kind: int) -> Any:
         samples = self._samples
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -86,7 +87,8 @@ class TimedCluster:
             try:
                 return call(*args, **kwargs)
             finally:
-                samples.extend((time.monotonic(), time.perf_counter() - start, time.thread_time() - cpu))
+                wall, spent = time.perf_counter() - start, time.thread_time() - cpu
+                samples.extend((time.monotonic(), wall, spent, kind))
         return timed
 
 
@@ -95,7 +97,7 @@ async def watch_loop(lags: array) -> None:
     while True:
         start = time.perf_counter()
         await asyncio.sleep(LAG_PERIOD_S)
-        lags.extend((time.monotonic(), time.perf_counter() - start - LAG_PERIOD_S, 0.0))
+        lags.extend((time.monotonic(), time.perf_counter() - start - LAG_PERIOD_S, 0.0, -1))
 
 
 def instrumented_serve(out: Path, serve_args: list[str]) -> int:
@@ -169,6 +171,7 @@ class Cell:
     client_cores: float
     load_average: float
     errors: int
+    cpu_us_by_call: dict[str, float]
     parts: dict[str, float]
 
     @property
@@ -268,22 +271,24 @@ def own_cpu() -> float:
 
 
 def in_window(samples: list[float], window: tuple[float, float]) -> np.ndarray:
-    """The (wall, CPU) seconds of the (time of day, wall, CPU) samples inside ``window``."""
-    rows = np.asarray(samples).reshape(-1, 3)
+    """(wall, CPU, kind) of the (time of day, wall, CPU, kind) samples inside ``window``."""
+    rows = np.asarray(samples).reshape(-1, 4)
     return rows[(rows[:, 0] >= window[0]) & (rows[:, 0] <= window[1]), 1:]
 
 
 def summarize(policy: str, workers: int, load: Load, measured: dict[str, float], data: dict) -> Cell:
     seconds = load.window[1] - load.window[0]
     decisions = in_window(data["decisions"], load.window)
-    wall, cpu = decisions[:, 0], decisions[:, 1]
+    wall, cpu, kinds = decisions[:, 0], decisions[:, 1], decisions[:, 2]
+    by_call = {name: float(cpu[kinds == kind].mean()) * 1e6 if (kinds == kind).any() else float("nan")
+               for kind, name in enumerate(TIMED_CALLS)}
     lags = in_window(data["lags"], load.window)[:, 0]
     router_cpu = measured["router_cpu"]
     return Cell(policy, workers, load.completed / seconds, len(decisions) / seconds,
                 router_cpu / max(load.completed, 1) * 1e3, router_cpu / seconds,
                 float(cpu.sum()) / max(router_cpu, 1e-9), percentile_us(wall, 50), percentile_us(wall, 99),
                 percentile_us(cpu, 99), percentile_us(lags, 99) / 1e3, measured["client_cpu"] / seconds,
-                measured["load_average"], load.errors, data["parts"])
+                measured["load_average"], load.errors, by_call, data["parts"])
 
 
 def percentile_us(seconds: np.ndarray, q: float) -> float:
@@ -294,11 +299,12 @@ def table(cells: list[Cell]) -> str:
     rows = [[c.policy, str(c.workers), f"{c.requests_per_s:,.0f}", f"{c.decisions_per_s:,.0f}",
              f"{c.decisions_per_s / max(c.router_cores, 1e-9):,.0f}", f"{c.router_cpu_ms_per_request:.2f}",
              f"{c.router_cores:.2f}", f"{c.deciding_share:.0%}",
+             "/".join(f"{c.cpu_us_by_call[name]:.0f}" for name in TIMED_CALLS),
              f"{c.decision_p50_us:.0f}", f"{c.decision_p99_us:.0f}", f"{c.decision_cpu_p99_us:.0f}",
              f"{c.loop_lag_p99_ms:.1f}", f"{c.client_cores:.2f}", str(c.errors), c.limit] for c in cells]
     return render(["policy", "workers", "req/s", "decisions/s", "decisions/core-s", "router CPU ms/req",
-                   "router cores",
-                   "deciding", "decision P50 us", "decision P99 us", "decision CPU P99 us",
+                   "router cores", "deciding", "CPU us arrive/plan/book",
+                   "decision P50 us", "decision P99 us", "decision CPU P99 us",
                    "loop lag P99 ms", "client cores", "errors", "limit"], rows)
 
 

@@ -17,6 +17,7 @@ from tropical.sched.baselines import DisaggPolicy
 from tropical.sched.cluster import Cluster
 from tropical.sched.dispatch import decode_destination, has_room, least_work
 from tropical.sched.fleet import worker_states
+from tropical.sched.kv_router import kv_cost, lowest_cost
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
@@ -73,6 +74,18 @@ def test_least_work_walks_by_load_and_chooses_what_a_full_look_would(seed, n, la
 
 
 @settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 12), st.sampled_from(LABELS), st.integers(1, 5 * BLOCK),
+       st.sampled_from([1.0, 64.0]))
+def test_the_kv_router_prices_from_the_lowest_bound_and_chooses_what_a_full_look_would(
+        seed, n, label, prompt, weight):
+    workers = loaded_fleet(seed, n)
+    req = prefixed(99_999, keys(label, prompt), prompt)
+    live = [w for w in workers if w.alive]
+    expected = min(live, key=lambda w: (kv_cost(req, w, weight), w.id)) if live else None
+    assert lowest_cost(req, workers, weight) is expected
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 12), st.integers(1, 3_000))
 def test_decode_destination_is_the_least_loaded_with_room(seed, n, prompt):
     workers = loaded_fleet(seed, n)
@@ -89,6 +102,13 @@ def test_the_directory_holds_exactly_what_every_cache_holds(seed, n):
     cache = workers[0].kv.cache
     assert cache is not None and cache.directory is not None
     assert cache.directory.holders == holders_by_cache(workers)
+    for label in LABELS:
+        req = prefixed(99_999, keys(label, 5 * BLOCK), 5 * BLOCK)
+        runs = cache.directory.runs(req)
+        for w in workers:
+            assert w.kv.cache is not None
+            held = [key in w.kv.cache.entries for key in req.prefix] + [False]
+            assert runs.get(w.id, 0) == held.index(False)
     for w in workers:
         assert w.kv.cache is not None
         w.kv.cache.clear()

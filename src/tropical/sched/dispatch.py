@@ -1,14 +1,15 @@
 """Load-balancing choices shared by every policy (InFaaS-style: fewest unfinished tokens).
 
-Each choice walks the live workers from the least loaded up and stops as soon as no worker
-further on could win, so that a dispatch over a thousand workers examines the few at the front
-(the walk is a heap: building it is one pass of cheap reads, each step a logarithm).
+Each choice walks the live workers from the least loaded up (or the lowest bound on their cost)
+and stops as soon as no worker further on could win, so that a dispatch over a thousand workers
+prices the few at the front (the walk is a heap: building it is one pass of cheap reads, each
+step a logarithm).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from tropical.core.request import Request
 from tropical.sched.worker import WorkerState
@@ -31,19 +32,44 @@ def fewest_unfinished(workers: Iterable[WorkerState]) -> WorkerState | None:
 def least_work(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
     """The live worker with the least outstanding work once it took ``req``: its unfinished
     tokens plus the prompt tokens of ``req`` its prefix cache lacks (lowest id breaks ties;
-    without a cache, the same choice as ``fewest_unfinished``). A worker lacks at least the
-    prompt's last token (a hit stops short of it) or, without prefix blocks, all it has left,
-    so the walk by load stops once a worker's load plus that floor cannot beat the best found."""
-    floor = min(req.remaining_prompt, 1) if req.prefix else req.remaining_prompt
-    best: tuple[int, int] | None = None
+    without a cache, the same choice as ``fewest_unfinished``)."""
+    live = [w for w in workers if w.alive]
+    floor = new_token_floors(req, live)
+    return cheapest(live, lambda w: w.unfinished_tokens + floor(w),
+                    lambda w: w.unfinished_tokens + w.prompt_split(req)[0])
+
+
+def cheapest(workers: Iterable[WorkerState], bound: Callable[[WorkerState], float],
+             cost: Callable[[WorkerState], float]) -> WorkerState | None:
+    """The live worker of least ``cost`` (lowest id breaks ties), priced in order of ``bound``,
+    which is never above ``cost``: the walk stops once no worker further on could win."""
+    heap = [(bound(w), w.id, w) for w in workers if w.alive]
+    heapq.heapify(heap)
+    best: tuple[float, int] | None = None
     chosen = None
-    for worker in least_loaded_first(workers):
-        if best is not None and (worker.unfinished_tokens + floor, worker.id) > best:
+    while heap:
+        floor, wid, worker = heapq.heappop(heap)
+        if best is not None and (floor, wid) > best:
             break
-        key = (worker.unfinished_tokens + worker.prompt_split(req)[0], worker.id)
+        key = (cost(worker), wid)
         if best is None or key < best:
             best, chosen = key, worker
     return chosen
+
+
+def new_token_floors(req: Request, workers: Sequence[WorkerState]) -> Callable[[WorkerState], int]:
+    """For each worker, a floor on the prompt tokens of ``req`` it would compute: what the
+    request has left where it is, else its prompt past the run of its prefix blocks that the
+    worker holds (the fleet's directory says, in one walk of the prompt's blocks), and never
+    less than the last token (a hit stops short of it)."""
+    left = req.remaining_prompt
+    if not req.prefix:
+        return lambda w: left
+    cache = next((w.kv.cache for w in workers if w.kv.cache is not None), None)
+    if cache is None or cache.directory is None:
+        return lambda w: min(left, 1)
+    runs, span, prompt = cache.directory.runs(req), req.prefix_block, req.prompt_len
+    return lambda w: min(left, max(1, prompt - runs.get(w.id, 0) * span))
 
 
 def first_fitting(workers: Iterable[WorkerState],

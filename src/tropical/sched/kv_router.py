@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import ColocatedPolicy, split_roles
-from tropical.sched.dispatch import fewest_unfinished
+from tropical.sched.dispatch import cheapest, fewest_unfinished, new_token_floors
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
@@ -39,9 +39,16 @@ def kv_cost(req: Request, worker: WorkerState, weight: float) -> float:
 
 
 def lowest_cost(req: Request, workers: Iterable[WorkerState], weight: float) -> WorkerState | None:
-    """The live worker of lowest ``kv_cost`` (lowest id breaks ties)."""
+    """The live worker of lowest ``kv_cost`` (lowest id breaks ties), priced from the lowest
+    bound up: its cost were it to lack only the floor of the tokens it lacks."""
     live = [w for w in workers if w.alive]
-    return min(live, key=lambda w: (kv_cost(req, w, weight), w.id)) if live else None
+    floor = new_token_floors(req, live)
+
+    def bound(worker: WorkerState) -> float:
+        waiting, blocks = worker.waiting_prompt, worker.kv.blocks_for
+        return weight * blocks(floor(worker) + waiting) + blocks(worker.decode_context + waiting)
+
+    return cheapest(live, bound, lambda w: kv_cost(req, w, weight))
 
 
 class KVRouterPolicy(ColocatedPolicy):

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from tropical.core.request import Request
 from tropical.sched.prefix_directory import PrefixDirectory
 
+RUNS_KEPT = 4096
+"""Lookups a cache keeps walked at most (a router that prices every request on every worker
+would otherwise keep one per request it ever priced)."""
+
 
 @dataclass(slots=True)
 class CachedBlock:
@@ -76,7 +80,7 @@ class PrefixCache:
         """Prompt tokens of ``req`` cached here as a run of blocks from its first (the toggle
         asks of many workers per decision: each walk goes on from where the last one stopped,
         and starts over only after an eviction)."""
-        if self._runs_evictions != self.evictions:
+        if self._runs_evictions != self.evictions or len(self._runs) > RUNS_KEPT:
             self._runs, self._runs_evictions = {}, self.evictions
         run = self._runs.get(req.id)
         if run is None:

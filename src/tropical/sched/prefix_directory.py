@@ -30,6 +30,21 @@ class PrefixDirectory:
         for key in [k for k, held in self.holders.items() if worker_id in held]:
             self.remove(key, worker_id)
 
+    def runs(self, req: Request) -> dict[int, int]:
+        """For each worker holding ``req``'s first prefix block: how many of its blocks, from
+        the first, it holds (the workers left at each depth are those holding every block so
+        far, so the walk costs the holders of its first blocks, not the fleet)."""
+        runs: dict[int, int] = {}
+        left: set[int] | None = None
+        for depth, key in enumerate(req.prefix, start=1):
+            held = self.holders.get(key)
+            left = (set(held) if left is None else left & held) if held else set()
+            if not left:
+                break
+            for worker_id in left:
+                runs[worker_id] = depth
+        return runs
+
     def deepest_holders(self, req: Request) -> set[int]:
         """The workers holding the deepest block of ``req``'s prefix that any worker holds along
         a run from its first block (empty if none holds its first)."""

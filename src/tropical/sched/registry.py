@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.kv_router import OVERLAP_WEIGHT, KVRouterDisaggPolicy, KVRouterPolicy
 from tropical.sched.policy import Policy
+from tropical.sched.pools import PooledPolicy
 from tropical.sched.rejection import Admission, AdmissionMode
 from tropical.sched.slack import SlackRule
 from tropical.sched.tropical import ToggleParams, TropicalPolicy
@@ -32,6 +33,9 @@ CHUNK_SIZES = (512, 1024, 2048)
 DISAGG_SPLIT = re.compile(r"disagg-([1-9][0-9]*)p")
 """``disagg-3p``: the disaggregated baseline with 3 prefill workers (``disagg``: half), DistServe's
 xPyD, so that a study can give the baseline the split that suits its setting."""
+POOLED = re.compile(r"(.+)/([1-9][0-9]*)pools")
+"""``tropical+/16pools``: the fleet sharded into 16 pools, each with its own policy, behind a
+cache- and load-aware front router (``sched.pools``)."""
 
 
 KV_ROUTER_CHUNK = 512
@@ -84,11 +88,13 @@ def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
 
 
 def _policy(name: str, params: PolicyParams) -> Policy:
+    if pooled := POOLED.fullmatch(name):
+        return PooledPolicy([_policy(pooled.group(1), params) for _ in range(int(pooled.group(2)))], name)
     if split := DISAGG_SPLIT.fullmatch(name):
         return DisaggPolicy(params.max_batched_tokens, int(split.group(1)), params.max_seqs, name=name)
     try:
         factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(_FACTORIES)} "
-                         "or disagg-<k>p (k prefill workers)") from None
+                         "or disagg-<k>p (k prefill workers), each also as <policy>/<n>pools") from None
     return factory(params)

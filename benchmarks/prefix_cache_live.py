@@ -2,7 +2,7 @@
 side in one run.
 
 Usage: python benchmarks/prefix_cache_live.py [--model smollm2] [--prompt-tokens 1000] [--prompts 3]
-           [--limit 40] [--length-scale 0.1] [--max-output 8] [--rate 0.2] [--json]
+           [--limit 24] [--max-input 1024] [--max-output 8] [--rate 0.08] [--json]
 
 1. Repeat: each of ``--prompts`` distinct prompts of ``--prompt-tokens`` tokens is sent twice (one
    token, greedy) to a server with the cache on; the repeat's time to its token over the first's
@@ -10,7 +10,9 @@ Usage: python benchmarks/prefix_cache_live.py [--model smollm2] [--prompt-tokens
 2. Slice: ``tropical bench`` replays the conversation trace's first ``--limit`` requests (their
    prompts share prefixes where the trace's hash_ids do) against the same server with
    ``--prefix-cache on`` and then ``off``; P50 TTFT on over off (target <= 0.6), goodput both ways,
-   and the hit rate (cached prompt tokens, from /metrics, over prompt tokens).
+   and the hit rate (cached prompt tokens, from /metrics, over prompt tokens). Prompts are cut to
+   ``--max-input`` tokens, which keeps the prefix blocks they still hold (``--length-scale`` would
+   drop every prefix block: scaled prompts no longer match the trace's 512-token blocks).
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--prompt-tokens", type=int, default=1000)
     parser.add_argument("--prompts", type=int, default=3)
-    parser.add_argument("--limit", type=int, default=40)
-    parser.add_argument("--length-scale", type=float, default=0.1)
+    parser.add_argument("--limit", type=int, default=24)
+    parser.add_argument("--max-input", type=int, default=1024)
     parser.add_argument("--max-output", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=0.2)
+    parser.add_argument("--rate", type=float, default=0.08)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="prefix-cache-live-"))
@@ -76,7 +78,7 @@ def replay(args: argparse.Namespace, out: Path, cache: str) -> dict:
     with running(args.model, out / f"slice-{cache}.log", ["--prefix-cache", cache]) as server:
         command = [TROPICAL, "bench", "--url", server.url, "--trace", "conversation",
                    "--limit", str(args.limit),
-                   "--length-scale", str(args.length_scale), "--max-output", str(args.max_output),
+                   "--max-input", str(args.max_input), "--max-output", str(args.max_output),
                    "--rate", str(args.rate), "--seed", "0", "--timeout", "1200", "--json"]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         summary = json.loads(done.stdout.strip().splitlines()[-1])

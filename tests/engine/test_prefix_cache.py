@@ -218,3 +218,14 @@ def test_an_import_refuses_a_prefix_its_target_does_not_hold() -> None:
     with pytest.raises(ValueError, match="only 0 of its prompt are cached"):
         cache.import_("a", buffer, start=8, block_hashes=block_hashes(list(range(12)), BLOCK))
     assert cache.used_blocks == 0 and not cache.has("a")
+
+
+def test_a_target_holding_the_whole_prompt_imports_nothing(model: LlamaModel) -> None:
+    prompt = SHARED[:16]
+    hashes = block_hashes(prompt, BLOCK)
+    source, target = PagedKVCache(CONFIG, 32, BLOCK), PagedKVCache(CONFIG, 32, BLOCK)
+    _forward(model, source, Span("a", prompt, 0, hashes))
+    _forward(model, target, Span("old", prompt, 0, hashes))
+    target.free("old")
+    target.import_("a", source.export("a", 0, start=16), start=16, block_hashes=hashes)
+    assert target.used_blocks == 4 and target.cached_hashes == set(hashes)

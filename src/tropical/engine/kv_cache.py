@@ -129,7 +129,7 @@ class PagedKVCache:
     def export(self, seq_id: Hashable, tokens: int, start: int = 0) -> torch.Tensor:
         """A compact copy [layers, 2, tokens, kv_heads, head_dim] of the sequence's `tokens` tokens from
         position `start` on (a target that has the first `start` cached needs only the rest)."""
-        index = torch.tensor(self.slots(seq_id, start, start + tokens), device=self.device)
+        index = torch.tensor(self.slots(seq_id, start, start + tokens), dtype=torch.long, device=self.device)
         k = self.k.flatten(1, 2)[:, index]
         v = self.v.flatten(1, 2)[:, index]
         return torch.stack((k, v), dim=1)
@@ -153,7 +153,7 @@ class PagedKVCache:
         except MemoryError:
             self.free(seq_id)
             raise
-        index = torch.tensor(self.slots(seq_id, start, tokens), device=self.device)
+        index = torch.tensor(self.slots(seq_id, start, tokens), dtype=torch.long, device=self.device)
         self.k.flatten(1, 2)[:, index] = buffer[:, 0].to(self.k)
         self.v.flatten(1, 2)[:, index] = buffer[:, 1].to(self.v)
         self.store(seq_id, tokens, block_hashes)

@@ -1,9 +1,11 @@
 """Wall time of one toggle decision with many requests queued, per policy.
 
-Usage: python benchmarks/decision_cost.py [--queued 1000] [--decisions 2000] [--json]
-Builds the paper cluster (2 prefill + 2 multiplexing workers of InternLM2-20B), queues
-``--queued`` conversation-trace requests on the prefill workers, puts a decoding batch on each
-multiplexing worker, then times ``on_arrival`` and ``on_iteration_end`` calls (the two moments
+Usage: python benchmarks/decision_cost.py [--queued 1000] [--decisions 2000] [--workers 4]
+                                          [--decoding 32] [--json]
+Builds the paper cluster (by default 2 prefill + 2 multiplexing workers of InternLM2-20B; more
+with ``--workers``), queues ``--queued`` conversation-trace requests on the prefill workers, puts
+a decoding batch of ``--decoding`` on each multiplexing worker (as the trace's requests last),
+then times ``on_arrival`` and ``on_iteration_end`` calls (the two moments
 the toggle decides) and reports their P50/P99 in microseconds, side by side in one process.
 Repeated iteration ends see an unchanged queue, whose at-risk prompts the toggle keeps; the
 last columns time iteration ends that each follow a change at the head of a prefill queue (its
@@ -17,6 +19,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -30,23 +33,24 @@ from tropical.sched.worker import WorkerState
 from tropical.sim.build import experiment
 from tropical.sim.run import Experiment, make_requests
 
-DECODING = 32
 
-
-def loaded_cluster(exp: Experiment, queued: int) -> tuple[object, list[WorkerState], list[Request]]:
-    """The policy and its workers with ``queued`` prompts waiting and up to ``DECODING``
-    requests decoding on each multiplexing worker (those whose KV fits)."""
+def loaded_cluster(exp: Experiment, queued: int,
+                   decoding: int) -> tuple[object, list[WorkerState], list[Request]]:
+    """The policy and its workers with ``queued`` prompts waiting and up to ``decoding``
+    requests decoding on each multiplexing worker (those whose KV fits, while the trace lasts)."""
     policy = make_policy(exp.policy, exp.params)
     workers = exp.cluster.build(policy)
     requests = make_requests(exp)
     prefill = [w for w in workers if w.role is Role.PREFILL]
-    decoding = [w for w in workers if w.role is Role.MULTIPLEX]
+    decoders = [w for w in workers if w.role is Role.MULTIPLEX]
     for i, req in enumerate(requests[:queued]):
         prefill[i % len(prefill)].enqueue(req)
     rest = iter(requests[queued:])
-    for worker in decoding:
-        while worker.batch_size < DECODING:
-            req = next(rest)
+    for worker in decoders:
+        while worker.batch_size < decoding:
+            req = next(rest, None)
+            if req is None:
+                break
             if worker.can_hold(req):
                 worker.enqueue(req)
                 worker.reserve(req)
@@ -72,8 +76,8 @@ def timed(call: Callable[[], object], count: int,
     return samples * 1e6
 
 
-def measure(exp: Experiment, queued: int, decisions: int) -> dict[str, float]:
-    policy, workers, fresh = loaded_cluster(exp, queued)
+def measure(exp: Experiment, queued: int, decisions: int, decoding: int) -> dict[str, float]:
+    policy, workers, fresh = loaded_cluster(exp, queued, decoding)
     arrivals = iter(fresh)
     now = max(r.arrival for r in fresh[:1]) if fresh else 0.0
     count = min(decisions, len(fresh) // 2)
@@ -93,16 +97,21 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=1000)
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--policies", default="tropical,tropical+")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--decoding", type=int, default=32, help="requests decoding per multiplexing worker")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    base = experiment(SimConfig().with_preset())
-    out = {p: measure(base.with_policy(p), args.queued, args.decisions) for p in args.policies.split(",")}
+    base = experiment(replace(SimConfig().with_preset(), workers=args.workers))
+    out = {p: measure(base.with_policy(p), args.queued, args.decisions, args.decoding)
+           for p in args.policies.split(",")}
     if args.json:
-        print(json.dumps({"queued": args.queued, "decision_us": out, "compiled": native.running()}))
+        print(json.dumps({"queued": args.queued, "workers": args.workers, "decision_us": out,
+                          "compiled": native.running()}))
         return
     rows = [[p, *(f"{v:.0f}" for v in m.values())] for p, m in out.items()]
     how = "compiled (tropical native)" if native.running() else "plain Python"
-    print(f"decision cost with {args.queued} queued requests (µs, {args.decisions} decisions each), {how}")
+    print(f"decision cost at {args.workers} workers with {args.queued} queued requests "
+          f"(µs, {args.decisions} decisions each), {how}")
     print(render(["policy", "arrival P50", "arrival P99", "iteration end P50", "iteration end P99",
                   "after the head moves P50",
                   "after the head moves P99"], rows))

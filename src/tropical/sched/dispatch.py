@@ -15,6 +15,11 @@ from tropical.core.request import Request
 from tropical.sched.worker import WorkerState
 
 
+def load(worker: WorkerState) -> tuple[int, int]:
+    """A worker's place in every dispatch by load: fewest unfinished tokens, lowest id first."""
+    return worker.unfinished_tokens, worker.id
+
+
 def least_loaded_first(workers: Iterable[WorkerState]) -> Iterator[WorkerState]:
     """The live workers by fewest unfinished tokens (lowest id breaks ties), produced lazily."""
     heap = [(w.unfinished_tokens, w.id, w) for w in workers if w.alive]
@@ -26,7 +31,7 @@ def least_loaded_first(workers: Iterable[WorkerState]) -> Iterator[WorkerState]:
 def fewest_unfinished(workers: Iterable[WorkerState]) -> WorkerState | None:
     """The live worker with the least outstanding work (lowest id breaks ties)."""
     live = [w for w in workers if w.alive]
-    return min(live, key=lambda w: (w.unfinished_tokens, w.id)) if live else None
+    return min(live, key=load) if live else None
 
 
 def least_work(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:

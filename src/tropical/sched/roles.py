@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tropical.sched.dispatch import load
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
 
@@ -45,7 +46,7 @@ class RoleSwitch:
         elif pressed and not self.returning:
             away = [w for w in workers if w.id in self.lent and w.alive and self._settled(w, now)]
             if away:
-                self.returning.add(min(away, key=lambda w: (w.unfinished_tokens, w.id)).id)
+                self.returning.add(min(away, key=load).id)
 
     def _settled(self, worker: WorkerState, now: float) -> bool:
         return now - self.since.get(worker.id, -self.hold) >= self.hold

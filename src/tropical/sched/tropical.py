@@ -20,7 +20,14 @@ from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.chunk import Chunk, Lineup
-from tropical.sched.dispatch import decode_destination, fewest_unfinished, first_fitting, has_room, least_work
+from tropical.sched.dispatch import (
+    decode_destination,
+    fewest_unfinished,
+    first_fitting,
+    has_room,
+    least_work,
+    load,
+)
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
@@ -421,7 +428,7 @@ class TropicalPolicy(Policy):
         return joined.fits(worker.latency.iteration_time(joined.shape(list(nxt.queued))), self.toggle.slack)
 
     def _no_prefill_worker(self, req: Request, multiplex: list[WorkerState]) -> Assignment:
-        target = min(multiplex, key=lambda w: (w.unfinished_tokens, w.id), default=None)
+        target = min(multiplex, key=load, default=None)
         if target is None:
             raise RuntimeError("no live worker takes new requests")
         return Assignment(req, target.id, PrefillPath.FALLBACK, "no live prefill worker")
@@ -435,11 +442,8 @@ def shortlist(req: Request, multiplex: list[WorkerState]) -> list[WorkerState]:
         return multiplex
     cache = multiplex[0].kv.cache
     holders = cache.directory.deepest_holders(req) if cache is not None and cache.directory else set()
-    near = heapq.nsmallest(SHORTLIST // 2, (w for w in multiplex if w.id in holders), key=_load)
+    near = (heapq.nsmallest(SHORTLIST // 2, (w for w in multiplex if w.id in holders), key=load)
+            if holders else [])
     taken = {w.id for w in near}
     return near + heapq.nsmallest(SHORTLIST - len(near), (w for w in multiplex if w.id not in taken),
-                                  key=_load)
-
-
-def _load(worker: WorkerState) -> tuple[int, int]:
-    return worker.unfinished_tokens, worker.id
+                                  key=load)

@@ -15,12 +15,25 @@ to inf and the softmax to nan, and the distribution is one-hot long before that.
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """temperature 0 (or below ``GREEDY_BELOW``) means greedy; top_k 0 and top_p 1 switch those
-    filters off."""
+    filters off. Penalties, ``logit_bias``, ``min_tokens`` and ``stop_token_ids`` follow vLLM's
+    semantics; ``logprobs``: how many top alternatives to report beside each sampled token's own
+    logprob (None: report none); ``prompt_logprobs``: the same for the prompt's tokens (echo);
+    ``processed_logprobs``: report them after temperature and penalties instead of from the raw
+    logits (vLLM's ``--logprobs-mode processed_logprobs`` against its default ``raw_logprobs``)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    processed_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -35,3 +48,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position's logprobs: the chosen (sampled, or prompt) ``token`` with its ``logprob`` and
+    its ``rank`` among the vocabulary (1 = most likely), and the ``top`` alternatives as (token id,
+    logprob) pairs, most likely first, as many as the request asked for."""
+
+    token: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()

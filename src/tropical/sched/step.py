@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tropical.core.request import Request
 from tropical.core.sampling import SamplingParams
@@ -36,6 +37,20 @@ class Span:
         return self.cached + len(self.token_ids)
 
 
+class TokenConstraint(Protocol):
+    """A grammar a request's output must follow (structured outputs), one matcher per run of the
+    request: it says which tokens may come next and follows each token sampled."""
+
+    def allowed(self) -> bytes:
+        """The tokens allowed next as a bitmask: little-endian 32-bit words, bit ``i % 32`` of word
+        ``i // 32`` set when token ``i`` is allowed (llguidance's layout)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """Follow ``token``, just sampled."""
+        ...
+
+
 @dataclass(slots=True)
 class TokenSequence:
     """A request's tokens and sampling settings; ``output`` holds every token sampled so far."""
@@ -45,6 +60,7 @@ class TokenSequence:
     params: SamplingParams
     ignore_eos: bool = False
     output: list[int] = field(default_factory=list)
+    constraint: TokenConstraint | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt) != self.req.prompt_len:

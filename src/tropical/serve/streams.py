@@ -7,19 +7,22 @@ detokenized on the router side, so stop strings end generation (and free KV) whe
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
-from tropical.core.sampling import SamplingParams
+from tropical.core.sampling import SamplingParams, TokenLogprobs
 from tropical.core.slo import SLO, SLOSpec
+from tropical.sched.step import TokenConstraint
 from tropical.serve.detokenize import Decoder, TextStream
 
 
 @dataclass(frozen=True, slots=True)
 class Submission:
     """A validated generation request in tokens; ``max_tokens`` is already fitted to the context;
-    ``retry``: start over on another worker if its worker dies before it streams anything."""
+    ``retry``: start over on another worker if its worker dies before it streams anything;
+    ``constraint``: makes a fresh grammar matcher for each run of the request (structured outputs)."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -29,6 +32,7 @@ class Submission:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     retry: bool = True
+    constraint: Callable[[], TokenConstraint] | None = None
 
     def slo(self, default: SLOSpec, reference: LatencyModel) -> SLO:
         """Its own targets where it names them (ms, as SLOSpec takes them), else the server's
@@ -43,13 +47,18 @@ class Event:
     """New text and how many tokens produced it (streamed to clients as each chunk's ``tokens``, so
     a benchmark can tell per-token latency from gaps between chunks); the last event has
     ``finish_reason`` ("stop", "length") or ``error``, with the HTTP ``status`` that error maps to
-    (503: the server could not serve it now, e.g. its worker died; 500: an internal failure)."""
+    (503: the server could not serve it now, e.g. its worker died; 500: an internal failure).
+    ``logprobs``: one entry per token the event carries, in order, when the request asked for them;
+    ``prompt_logprobs``: on the first event of a request that asked for them, one entry per prompt
+    token, the first None (nothing precedes it)."""
 
     text: str
     tokens: int
     finish_reason: str | None = None
     error: str | None = None
     status: int = 500
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def final(self) -> bool:

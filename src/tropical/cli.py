@@ -316,6 +316,11 @@ def _add_serve_options(parser: argparse.ArgumentParser) -> None:
         "prefix_cache": "on (default, as vLLM): each worker reuses the KV of prompt prefixes it computed "
                         "(usage.prompt_tokens_details.cached_tokens says how much); off: every prompt "
                         "is computed whole",
+        "max_logprobs": f"most logprobs alternatives a request may ask for per token, as vLLM's "
+                        f"(default {d.max_logprobs})",
+        "max_n": f"most choices (n) per request (default {d.max_n})",
+        "logprobs_mode": "raw_logprobs (default, as vLLM): logprobs of the model's own logits; "
+                         "processed_logprobs: after temperature, penalties and logit_bias",
         "iteration_log": "write every iteration (worker, batch shape, wall, compute and predicted "
                          "seconds) to this file as JSON lines; tropical fidelity prices its twin by them",
     }

@@ -107,7 +107,7 @@ def test_models_and_health(server: LiveServer, client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(("body", "param"), [
     ({"model": MODEL, "prompt": "x", "max_tokens": -1}, "max_tokens"),
     ({"model": MODEL, "prompt": "x", "temperature": "hot"}, "temperature"),
-    ({"model": MODEL, "prompt": "x", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "x", "n": 17}, "n"),
     ({"model": MODEL, "prompt": ["a", "b"]}, "prompt"),
     ({"model": MODEL, "prompt": [1, 100000]}, "prompt"),
     ({"model": MODEL, "prompt": "word " * 400}, "prompt"),

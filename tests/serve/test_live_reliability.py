@@ -84,8 +84,8 @@ def test_unknown_paths_and_methods_get_openai_error_bodies(server: LiveServer) -
 
 
 def test_an_unsupported_field_is_a_400_naming_it(server: LiveServer) -> None:
-    reply = _post(server, {"model": MODEL, "prompt": "hi", "logprobs": 2})
-    assert reply.status_code == 400 and reply.json()["error"]["param"] == "logprobs"
+    reply = _post(server, {"model": MODEL, "prompt": "hi", "suffix": "!"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "suffix"
 
 
 def test_a_non_streaming_client_that_leaves_aborts_its_request(server: LiveServer) -> None:

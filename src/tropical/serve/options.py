@@ -14,6 +14,7 @@ from tropical.serve.workers.placement import Placement, split_pins
 DEFAULT_WORKERS = {"colocated": "2", "chunked": "2", "disagg": "prefill,decode",
                    "tropical": "prefill,multiplex", "tropical+": "prefill,multiplex"}
 BACKENDS = ("local", "ray")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 ENGINES = ("tropical", "vllm", "mock")
 
 
@@ -58,15 +59,19 @@ class ServeOptions(PolicyConfig):
     prefix_cache: bool = True
     mock_cluster: str = "paper"
     mock_time_scale: float = 1.0
+    max_logprobs: int = 20
+    max_n: int = 16
+    logprobs_mode: str = "raw_logprobs"
 
     def __post_init__(self) -> None:
         positive = ("threads", "kv_tokens", "block_size", "max_model_len", "max_batched_tokens",
-                    "chunk_budget", "max_seqs", "max_waiting")
+                    "chunk_budget", "max_seqs", "max_waiting", "max_n")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not self.max_body_mb > 0:
             raise ValueError(f"--max-body-mb must be more than 0, got {self.max_body_mb}")
+        self._check_api()
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.backend not in BACKENDS:
@@ -94,6 +99,13 @@ class ServeOptions(PolicyConfig):
         if self.ray_max_restarts < -1:
             raise ValueError(f"--ray-max-restarts must be -1 (no limit) or more, got {self.ray_max_restarts}")
         placements(self, policy_and_roles(self)[1])
+
+    def _check_api(self) -> None:
+        if self.max_logprobs < 0:
+            raise ValueError(f"--max-logprobs must be at least 0, got {self.max_logprobs}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"--logprobs-mode must be one of {', '.join(LOGPROBS_MODES)}, "
+                             f"got {self.logprobs_mode!r}")
 
     def _check_mock(self) -> None:
         if self.engine != "mock":

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 
 from tropical.serve.http.app import MIB, ServerState, ServingRouter, add_routes
 from tropical.serve.http.auth import resolve_api_key
+from tropical.serve.http.prompts import Limits
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.mock.launch import launch_mock
 from tropical.serve.options import ServeOptions
@@ -45,7 +46,9 @@ def build_app(options: ServeOptions, state: ServerState) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         say(f"starting {options.policy} with model {options.model} ...")
         cluster = await LAUNCHERS[options.engine](options, state.metrics)
-        state.model_id, state.max_model_len = cluster.model_name, cluster.max_model_len
+        state.model_id = cluster.model_name
+        state.limits = Limits(cluster.max_model_len, options.max_logprobs, options.max_n,
+                              options.logprobs_mode == "processed_logprobs")
         router: ServingRouter = cluster.router
         state.created, state.router = int(time.time()), router
         say(cluster.profile_note)

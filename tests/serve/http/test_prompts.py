@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tropical.serve.http.prompts import CHARS_PER_TOKEN_BOUND, to_submission
+from tropical.serve.http.prompts import CHARS_PER_TOKEN_BOUND, Limits, to_submission
 from tropical.serve.http.protocol import APIError, GenerationRequest
 
 
@@ -32,7 +32,7 @@ def test_text_beyond_the_bound_is_refused_without_tokenizing(chat: bool) -> None
     gen = GenerationRequest("m", chat, "" if chat else text, messages)
     tokenizer = CountingTokenizer()
     with pytest.raises(APIError) as caught:
-        to_submission(gen, tokenizer, max_model_len=100)  # type: ignore[arg-type]
+        to_submission(gen, tokenizer, Limits(max_model_len=100))  # type: ignore[arg-type]
     assert caught.value.code == "context_length_exceeded"
     assert caught.value.param == ("messages" if chat else "prompt") and tokenizer.encoded == 0
 
@@ -40,7 +40,7 @@ def test_text_beyond_the_bound_is_refused_without_tokenizing(chat: bool) -> None
 def test_text_within_the_bound_is_tokenized_and_checked_exactly() -> None:
     tokenizer = CountingTokenizer()
     with pytest.raises(APIError, match="120 tokens"):
-        to_submission(GenerationRequest("m", False, "a" * 120), tokenizer, max_model_len=100)  # type: ignore[arg-type]
+        to_submission(GenerationRequest("m", False, "a" * 120), tokenizer, Limits(max_model_len=100))  # type: ignore[arg-type]
     assert tokenizer.encoded == 120
-    fits = to_submission(GenerationRequest("m", False, "a" * 50), tokenizer, 100)  # type: ignore[arg-type]
+    fits = to_submission(GenerationRequest("m", False, "a" * 50), tokenizer, Limits(100))  # type: ignore[arg-type]
     assert len(fits.prompt_ids) == 50

@@ -11,12 +11,10 @@ cap, then parsed and tokenized in a thread (after a cheap length check).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI, Request
@@ -25,29 +23,23 @@ from starlette.exceptions import HTTPException
 
 from tropical.sched.worker import WorkerState
 from tropical.serve.http.auth import key_matches
-from tropical.serve.http.prompts import to_submission
+from tropical.serve.http.prompts import Limits, to_submission
 from tropical.serve.http.protocol import (
-    SSE_DONE,
     APIError,
     GenerationRequest,
-    completion_body,
     models_body,
     parse_chat,
     parse_completion,
     shown,
-    sse,
-    stream_chunk,
-    usage_chunk,
 )
+from tropical.serve.http.reply import Reply
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.router import Rejected
-from tropical.serve.streams import Event, RequestHandle, Submission
+from tropical.serve.streams import RequestHandle, Submission
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the endpoints need only its type
     from tropical.engine.tokenizer import Tokenizer
 
-PATH_HEADER = "x-tropical-path"
-DISCONNECT_POLL_S = 0.5
 MIB = 1 << 20
 
 
@@ -96,7 +88,7 @@ class ServerState:
     max_body_bytes: int = 4 * MIB
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     router: ServingRouter | None = None
-    max_model_len: int = 0
+    limits: Limits = field(default_factory=Limits)
     created: int = 0
 
 
@@ -147,7 +139,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         authorize(state, request)
-        return JSONResponse(models_body([state.model_id], state.max_model_len, state.created))
+        return JSONResponse(models_body([state.model_id], state.limits.max_model_len, state.created))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -217,95 +209,69 @@ async def generate(state: ServerState, request: Request,
         raise APIError(404, f"model {shown(gen.model)} does not exist; this server serves "
                             f"{shown(state.model_id)}", "not_found_error", param="model",
                        code="model_not_found")
-    submission = await asyncio.to_thread(to_submission, gen, router.tokenizer, state.max_model_len)
+    submission = await asyncio.to_thread(prepare, gen, router.tokenizer, state)
     try:
-        handle = router.submit(submission)
+        handle = router.submit(choice_submission(submission, 0))
     except Rejected as exc:
-        if exc.status == 429:
-            return refused(exc.reason, exc.retry_after)
-        kind = "invalid_request_error" if exc.status == 400 else "server_error"
-        raise APIError(exc.status, exc.reason, kind) from exc
-    reply = Reply(state, router, handle, gen, f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}")
+        return rejected(exc)
+    reply = Reply([handle], gen, state.model_id, f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}",
+                  router.tokenizer, router.abort)
     try:
-        first = await reply.next_event(request)
+        got = await reply.next_event(request)
     except BaseException:
-        router.abort(handle.req.id)
+        reply.abort_all()
         raise
-    if first is None:
+    if got is None:
         return Response(status_code=499)
+    first = got[1]
     if first.error is not None and first.status == 429:
         return refused(first.error)
     if first.error is not None:
         raise APIError(first.status, first.error, "server_error")
+    reply.hold(got)
+    refusal = more_choices(router, reply, submission, gen.sampling.n)
+    if refusal is not None:
+        return refusal
     if gen.stream:
-        return StreamingResponse(reply.stream(request, first), media_type="text/event-stream",
+        return StreamingResponse(reply.stream(request), media_type="text/event-stream",
                                  headers=reply.headers())
-    return await reply.whole(request, first)
+    return await reply.whole(request)
 
 
-class Reply:
-    """One response being written from a request's events."""
+def prepare(gen: GenerationRequest, tokenizer: Tokenizer, state: ServerState) -> Submission:
+    """The router's submission for ``gen``, its response format compiled (a 400 before any work)."""
+    submission = to_submission(gen, tokenizer, state.limits)
+    fmt = gen.sampling.response_format
+    if fmt is None:
+        return submission
+    from tropical.serve.structured import compile_format  # llguidance loads only for formats
 
-    def __init__(self, state: ServerState, router: ServingRouter, handle: RequestHandle,
-                 gen: GenerationRequest, request_id: str) -> None:
-        self.state, self.router, self.handle, self.gen, self.id = state, router, handle, gen, request_id
-        self.created = int(time.time())
-        self.polled = time.monotonic()
+    return replace(submission, constraint=compile_format(fmt, tokenizer))
 
-    def headers(self) -> dict[str, str]:
-        req = self.handle.req
-        return {PATH_HEADER: req.path.value, "x-request-id": self.id,
-                "x-tropical-prefill-worker": str(req.prefill_worker), "x-tropical-reason": req.reason}
 
-    async def next_event(self, request: Request) -> Event | None:
-        """The next event, or None if the client hung up meanwhile (the request is then aborted).
-        The client is asked every DISCONNECT_POLL_S even while events keep coming, so a request
-        whose client left stops generating promptly however fast it runs."""
-        while True:
-            if time.monotonic() >= self.polled + DISCONNECT_POLL_S:
-                self.polled = time.monotonic()
-                if await request.is_disconnected():
-                    self.router.abort(self.handle.req.id)
-                    return None
-            wait = self.polled + DISCONNECT_POLL_S - time.monotonic()
-            with contextlib.suppress(asyncio.TimeoutError):
-                return await asyncio.wait_for(self.handle.events.get(), wait)
+def choice_submission(submission: Submission, index: int) -> Submission:
+    """Choice ``index`` of a request: a seeded request's choices draw from seeds seed, seed+1, ...
+    so that each is reproducible and they differ."""
+    seed = submission.params.seed
+    if index == 0 or seed is None:
+        return submission
+    return replace(submission, params=replace(submission.params, seed=(seed + index) % 2**63))
 
-    async def whole(self, request: Request, first: Event) -> Response:
-        """The whole completion in one body, once its final event arrives (499 if the client left)."""
-        parts, event = [first.text], first
-        while not event.final:
-            following = await self.next_event(request)
-            if following is None:
-                return Response(status_code=499)
-            event = following
-            parts.append(event.text)
-        if event.error is not None:
-            raise APIError(event.status, event.error, "server_error")
-        body = completion_body(self.id, self.state.model_id, self.created, "".join(parts),
-                               event.finish_reason or "stop", self.handle.req.prompt_len,
-                               self.handle.completion_tokens, self.gen.chat, self.handle.req.cached)
-        return JSONResponse(body, headers=self.headers())
 
-    async def stream(self, request: Request, first: Event) -> AsyncIterator[bytes]:
-        """SSE chunks; if the client goes away mid-stream the request is aborted and its KV freed."""
-        chat, model, event, index = self.gen.chat, self.state.model_id, first, 0
+def more_choices(router: ServingRouter, reply: Reply, submission: Submission, n: int) -> Response | None:
+    """Submit choices 1..n-1 once choice 0 has its first token: its prompt's KV is then in the
+    prefix cache, so the others reuse it instead of computing it again. A refusal refuses all."""
+    for index in range(1, n):
         try:
-            while True:
-                if event.error is not None:
-                    yield sse(APIError(event.status, event.error, "server_error").body())
-                    break
-                if event.text or event.final or index == 0:
-                    yield sse(stream_chunk(self.id, model, self.created, event.text, event.finish_reason,
-                                           chat, first=index == 0, tokens=event.tokens))
-                    index += 1
-                if event.final:
-                    break
-                event = await self.handle.events.get()
-            if self.gen.include_usage:
-                yield sse(usage_chunk(self.id, model, self.created, self.handle.req.prompt_len,
-                                      self.handle.completion_tokens, chat, self.handle.req.cached))
-            yield SSE_DONE
-        finally:
-            if not self.handle.ended:
-                self.router.abort(self.handle.req.id)
+            reply.follow(router.submit(choice_submission(submission, index)))
+        except Rejected as exc:
+            reply.abort_all()
+            return rejected(exc)
+    return None
+
+
+def rejected(exc: Rejected) -> Response:
+    if exc.status == 429:
+        return refused(exc.reason, exc.retry_after)
+    kind = "invalid_request_error" if exc.status == 400 else "server_error"
+    raise APIError(exc.status, exc.reason, kind) from exc

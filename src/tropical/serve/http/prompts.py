@@ -7,9 +7,12 @@ a long text takes long, and text too long for any tokenizer to fit the context i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tropical.core.sampling import SamplingParams
 from tropical.engine.tokenizer import Tokenizer
 from tropical.serve.http.protocol import APIError, GenerationRequest
+from tropical.serve.http.sampling_fields import SamplingFields
 from tropical.serve.streams import Submission
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -19,7 +22,20 @@ CHARS_PER_TOKEN_BOUND = 32
 longer than the context times this cannot fit, so it is refused without tokenizing it."""
 
 
-def to_submission(gen: GenerationRequest, tokenizer: Tokenizer, max_model_len: int) -> Submission:
+@dataclass(frozen=True)
+class Limits:
+    """What this server allows a request: ``max_logprobs`` alternatives per token, ``max_n``
+    choices (vLLM's --max-logprobs and OpenAI's n), and whether logprobs are reported after
+    temperature and penalties (``processed``) or from the raw logits (vLLM's default)."""
+
+    max_model_len: int = 4096
+    max_logprobs: int = 20
+    max_n: int = 16
+    processed_logprobs: bool = False
+
+
+def to_submission(gen: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Submission:
+    max_model_len = limits.max_model_len
     field = "messages" if gen.chat else "prompt"
     _check_text_length(gen, max_model_len, field)
     prompt_ids = _prompt_ids(gen, tokenizer)
@@ -35,10 +51,42 @@ def to_submission(gen: GenerationRequest, tokenizer: Tokenizer, max_model_len: i
         raise APIError(400, f"max_tokens is {max_tokens}, but the prompt's {len(prompt_ids)} tokens leave "
                             f"{room} of this model's {max_model_len}-token context", param="max_tokens",
                        code="context_length_exceeded")
-    seed = None if gen.seed is None else gen.seed % 2**63  # OpenAI allows negative seeds
-    params = SamplingParams(gen.temperature, gen.top_p, gen.top_k or 0, seed)
+    params = sampling_params(gen, max_tokens, tokenizer.vocab_size, limits)
     return Submission(prompt_ids, max_tokens, params, list(gen.stop), gen.ignore_eos,
                       gen.slo_ttft_ms, gen.slo_tpot_ms, gen.retry)
+
+
+def sampling_params(gen: GenerationRequest, max_tokens: int, vocab: int, limits: Limits) -> SamplingParams:
+    """The engine's sampling spec, once every field fits this server and this model."""
+    fields = gen.sampling
+    _check_limits(fields, gen.chat, max_tokens, vocab, limits)
+    seed = None if gen.seed is None else gen.seed % 2**63  # OpenAI allows negative seeds
+    return SamplingParams(
+        gen.temperature, gen.top_p, gen.top_k or 0, seed,
+        presence_penalty=fields.presence_penalty, frequency_penalty=fields.frequency_penalty,
+        repetition_penalty=fields.repetition_penalty, logit_bias=tuple(sorted(fields.logit_bias.items())),
+        min_tokens=fields.min_tokens, stop_token_ids=tuple(fields.stop_token_ids), logprobs=fields.logprobs,
+        prompt_logprobs=fields.logprobs if fields.echo else None,
+        processed_logprobs=limits.processed_logprobs,
+    )
+
+
+def _check_limits(fields: SamplingFields, chat: bool, max_tokens: int, vocab: int, limits: Limits) -> None:
+    if fields.logprobs is not None and fields.logprobs > limits.max_logprobs:
+        name = "top_logprobs" if chat else "logprobs"
+        raise APIError(400, f"{name} is {fields.logprobs}; this server reports at most {limits.max_logprobs} "
+                            f"(--max-logprobs)", param=name)
+    if fields.n > limits.max_n:
+        raise APIError(400, f"n is {fields.n}; this server makes at most {limits.max_n} choices per request "
+                            f"(--max-n)", param="n")
+    if fields.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({fields.min_tokens}) is more than max_tokens ({max_tokens})",
+                       param="min_tokens")
+    for name, ids in (("logit_bias", fields.logit_bias), ("stop_token_ids", fields.stop_token_ids)):
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{name} names token id {bad}, outside this model's vocabulary "
+                                f"(0..{vocab - 1})", param=name)
 
 
 def _check_text_length(gen: GenerationRequest, max_model_len: int, field: str) -> None:

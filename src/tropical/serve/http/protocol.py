@@ -12,9 +12,12 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from tropical.serve.http.sampling_fields import SamplingFields, sampling_fields
+from tropical.serve.http.values import APIError, boolean, integer, invalid, is_int, is_number, number, shown
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOPS = 4
@@ -24,26 +27,10 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 WHITESPACE = re.compile(r"[ \t\n\r]*")
 DECODER = json.JSONDecoder()
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-    "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-    "logit_bias": (None, {}), "presence_penalty": (None, 0.0, 0), "frequency_penalty": (None, 0.0, 0),
+    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"),
 }
 """OpenAI fields this server does not implement, with the values that ask for nothing."""
-
-
-class APIError(Exception):
-    """An error the client caused or must hear about, with the HTTP status and OpenAI's error body."""
-
-    def __init__(
-        self, status: int, message: str, type: str = "invalid_request_error",
-        param: str | None = None, code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -66,6 +53,7 @@ class GenerationRequest:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     retry: bool = True
+    sampling: SamplingFields = field(default_factory=SamplingFields)
 
 
 def parse_completion(body: bytes, headers: Mapping[str, str]) -> GenerationRequest:
@@ -145,7 +133,6 @@ def build_request(
     messages: list[dict] | None = None,
 ) -> GenerationRequest:
     """The fields both endpoints share, each checked by its own rule."""
-    check_n(data.get("n"))
     check_unsupported(data)
     stream = boolean(data, "stream", False)
     return GenerationRequest(
@@ -165,31 +152,8 @@ def build_request(
         slo_ttft_ms=slo_ms(data, headers, "slo_ttft_ms", "x-slo-ttft-ms"),
         slo_tpot_ms=slo_ms(data, headers, "slo_tpot_ms", "x-slo-tpot-ms"),
         retry=boolean(data, "retry", True),
+        sampling=sampling_fields(data, chat),
     )
-
-
-def invalid(param: str, message: str) -> APIError:
-    return APIError(400, message, param=param)
-
-
-def shown(value: Any) -> str:
-    """A bad value quoted in an error message, cut short so a huge body cannot flood the reply."""
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    """A finite JSON number; integers too big for a float are not (float() would overflow later)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def model_name(value: Any) -> str:
@@ -198,47 +162,12 @@ def model_name(value: Any) -> str:
     return value
 
 
-def check_n(value: Any) -> None:
-    if value is not None and value != 1:
-        raise invalid("n", f"n must be 1 (one choice per request), got {shown(value)}")
-
-
 def check_unsupported(data: dict[str, Any]) -> None:
     for name, harmless in UNSUPPORTED.items():
         value = data.get(name)
         if not any(value == h and type(value) is type(h) for h in harmless):
             raise invalid(name, f"{name} is not supported by this server, got {shown(value)}; leave it "
                                 f"out (or send {shown(harmless[-1])})")
-
-
-def boolean(data: dict[str, Any], name: str, default: bool, within: str = "") -> bool:
-    """`within` prefixes the param of a field nested in an object, e.g. "stream_options."."""
-    value = data.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(within + name, f"{within}{name} must be true or false, got {shown(value)}")
-    return value
-
-
-def integer(data: dict[str, Any], name: str, minimum: int | None, rule: str) -> int | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not is_int(value) or (minimum is not None and value < minimum):
-        raise invalid(name, f"{name} must be {rule}, got {shown(value)}")
-    return value
-
-
-def number(
-    data: dict[str, Any], name: str, default: float, valid: Callable[[float], bool], rule: str,
-) -> float:
-    value = data.get(name)
-    if value is None:
-        return default
-    if not is_number(value) or not valid(value):
-        raise invalid(name, f"{name} must be {rule}, got {shown(value)}")
-    return float(value)
 
 
 def max_tokens(data: dict[str, Any], chat: bool) -> int | None:
@@ -349,29 +278,46 @@ def envelope(request_id: str, model: str, created: int, obj: str, choices: list[
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": choices}
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a whole response; ``logprobs`` in its endpoint's wire shape."""
+
+    text: str
+    finish_reason: str
+    logprobs: dict | None = None
+
+
 def completion_body(
-    request_id: str, model: str, created: int, text: str, finish_reason: str,
-    prompt_tokens: int, completion_tokens: int, chat: bool, cached_tokens: int = 0,
+    request_id: str, model: str, created: int, choices: list[Choice], prompt_tokens: int,
+    completion_tokens: int, chat: bool, cached_tokens: int = 0,
 ) -> dict:
-    """A whole non-streaming response: one choice and its usage."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    obj = "chat.completion" if chat else "text_completion"
-    body = envelope(request_id, model, created, obj, [choice])
+    """A whole non-streaming response: its choices, indexed in order, and the usage of all of
+    them (the prompt counted once, as OpenAI counts it)."""
+    body = envelope(request_id, model, created, "chat.completion" if chat else "text_completion",
+                    [choice_body(i, c, chat) for i, c in enumerate(choices)])
     body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
+    return body
+
+
+def choice_body(index: int, choice: Choice, chat: bool) -> dict:
+    body: dict[str, Any] = {"index": index, "logprobs": choice.logprobs,
+                            "finish_reason": choice.finish_reason}
+    if chat:
+        body["message"] = {"role": "assistant", "content": choice.text}
+    else:
+        body["text"] = choice.text
     return body
 
 
 def stream_chunk(
     request_id: str, model: str, created: int, text: str, finish_reason: str | None, chat: bool, first: bool,
-    tokens: int = 1,
+    tokens: int = 1, index: int = 0, logprobs: dict | None = None,
 ) -> dict:
-    """One streamed piece; the first chat chunk names the role, an empty final one carries no content.
-    ``tokens``, the completion tokens behind the piece, is an extension OpenAI clients ignore."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason, "tokens": tokens}
+    """One streamed piece of choice ``index``; its first chat chunk names the role, an empty final
+    one carries no content. ``tokens``, the completion tokens behind the piece, is an extension
+    OpenAI clients ignore."""
+    choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason,
+                              "tokens": tokens}
     if chat:
         delta: dict[str, str] = {"role": "assistant"} if first else {}
         if text or first:

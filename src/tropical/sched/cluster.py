@@ -92,19 +92,16 @@ class Booking:
         self.effects = effects
 
 
-def no_settle() -> None:
-    """The default ``settle``: worker states are exact whenever a substrate calls in."""
-
-
 class Cluster:
     """Workers' scheduling states and the policy that places requests on them.
 
     ``settle`` runs before every policy decision; the simulator books the decode iterations its
-    closed-form runs completed by then, so policies see exact worker states.
+    closed-form runs completed by then, so policies see exact worker states (None: a substrate's
+    worker states are exact whenever it calls in).
     """
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy, max_context: int | None = None,
-                 settle: Callable[[], None] = no_settle) -> None:
+                 settle: Callable[[], None] | None = None) -> None:
         self.workers = list(workers)
         self.policy = policy
         self.max_context = max_context
@@ -130,7 +127,8 @@ class Cluster:
         error = self.admission_error(req)
         if error is not None:
             return [Fail(req, error)]
-        self.settle()
+        if self.settle is not None:
+            self.settle()
         assignments = self.policy.on_arrival(req, now, self.workers)
         refusal = arrival_refusal(self.policy.admission, req, assignments, now, self.workers)
         return [self._refuse(req, refusal)] if refusal is not None else self._assign(assignments)
@@ -248,7 +246,8 @@ class Cluster:
         if finished and self.stalled:
             effects += self._retry_stalled(now)
         if self.policy.observes_iterations:
-            self.settle()
+            if self.settle is not None:
+                self.settle()
             effects += self._assign(self.policy.on_iteration_end(worker, now, self.workers))
         effects += self._refuse_lapsed(worker, now)
         return Booking(finished, prefilled, effects)
@@ -280,7 +279,8 @@ class Cluster:
 
     def _migrate(self, req: Request, source_id: int, now: float) -> list[Effect]:
         """Pick a decoding worker with room for a prefilled request, or stall it until one frees KV."""
-        self.settle()
+        if self.settle is not None:
+            self.settle()
         target = self.policy.decode_worker(req, self.workers, now)
         if target is not None:
             tokens = target.expect_migration(req)

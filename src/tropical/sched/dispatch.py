@@ -80,7 +80,10 @@ def new_token_floors(req: Request, workers: Sequence[WorkerState]) -> Callable[[
 def first_fitting(workers: Iterable[WorkerState],
                   fits: Callable[[WorkerState], bool]) -> WorkerState | None:
     """The least loaded live worker that ``fits`` (lowest id breaks ties)."""
-    return next((w for w in least_loaded_first(workers) if fits(w)), None)
+    for worker in least_loaded_first(workers):
+        if fits(worker):
+            return worker
+    return None
 
 
 def has_room(req: Request, worker: WorkerState) -> bool:

@@ -414,9 +414,10 @@ class TropicalPolicy(Policy):
         decode iteration outgrows a TPOT SLO it promised."""
         chosen = first_fitting(workers, lambda w: has_room(req, w) and w.id not in self._roles.returning
                                and self._joins_in_time(req, w, now))
-        decoding = any(w.batch_size for w in workers if w.alive and w.role.decodes)
-        if chosen is not None or (self.toggle.chunked and decoding):
+        if chosen is not None:
             return chosen
+        if self.toggle.chunked and any(w.batch_size for w in workers if w.alive and w.role.decodes):
+            return None
         return decode_destination(req, workers)
 
     def _joins_in_time(self, req: Request, worker: WorkerState, now: float) -> bool:

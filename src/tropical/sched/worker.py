@@ -76,7 +76,7 @@ class WorkerState:
     @property
     def unfinished_tokens(self) -> int:
         """Prompt tokens still to prefill plus output tokens still to generate, all assigned work."""
-        return self.waiting_tokens + self.running_remaining + self.incoming_tokens
+        return self.waiting_tokens + self.running_remaining + self._incoming_tokens
 
     @property
     def incoming_tokens(self) -> int:

@@ -58,15 +58,14 @@ class BatchShape:
     @classmethod
     def of_batch(cls, prefills: list[tuple[int, int]], decode_count: int,
                  decode_context: int) -> BatchShape:
-        """Prefill spans (new, cached) plus decodes already summed (the schedulers keep sums)."""
-        return cls(
-            prefill_tokens=sum(new for new, _ in prefills),
-            prefill_pairs=sum(attention_pairs(new, cached) for new, cached in prefills),
-            prefill_cached=sum(cached for _, cached in prefills),
-            num_prefills=len(prefills),
-            decode_count=decode_count,
-            decode_context=decode_context,
-        )
+        """Prefill spans (new, cached) plus decodes already summed (the schedulers keep sums).
+        One pass over the spans: this runs for every batch formed and every candidate priced."""
+        tokens = pairs = cached_sum = 0
+        for new, cached in prefills:
+            tokens += new
+            pairs += attention_pairs(new, cached)
+            cached_sum += cached
+        return cls(tokens, pairs, cached_sum, len(prefills), decode_count, decode_context)
 
     @classmethod
     def prefill(cls, new: int, cached: int = 0) -> BatchShape:

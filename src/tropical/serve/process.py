@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,23 @@ import httpx
 from tropical.serve.parent_death import terminate_with_parent
 
 TROPICAL = str(Path(sys.executable).parent / "tropical")
+
+
+def wait_healthy(url: str, process: subprocess.Popen, output: Callable[[], str], name: str,
+                 timeout: float) -> None:
+    """Return once ``url``/health answers 200; raise (with ``output``, the server's log) if
+    ``process`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{output()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{name} not healthy within {timeout:.0f}s:\n{output()}")
 
 
 def free_port() -> int:
@@ -61,17 +79,7 @@ class ServerProcess:
         return httpx.get(f"{self.url}/health", timeout=5).json()
 
     def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tropical serve exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"tropical serve not healthy within {timeout:.0f}s:\n{self.output()}")
+        wait_healthy(self.url, self.process, self.output, "tropical serve", timeout)
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (drain), then SIGKILL if it lingers; returns the exit code."""

@@ -44,10 +44,41 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.seed is not None and self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise ValueError(f"logit_bias token ids must be >= 0, got {token}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias of token {token} must be in [-100, 100], got {bias}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if any(token < 0 for token in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 (or None for none), got {value}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty applies (the sampler then needs the output tokens so far)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+
+    @property
+    def plain(self) -> bool:
+        """Nothing beyond temperature, top-k and top-p: the sampler's fast path (no logprobs, no
+        penalties, no bias, no banned tokens)."""
+        return (self.logprobs is None and not self.penalized and not self.logit_bias
+                and not self.min_tokens)
 
 
 @dataclass(frozen=True, slots=True)

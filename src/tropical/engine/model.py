@@ -145,14 +145,16 @@ class LlamaModel(nn.Module):
         self.register_load_state_dict_pre_hook(_fill_hf_state_dict)
 
     @torch.inference_mode()
-    def forward(self, batch: FlatBatch, cache: PagedKVCache) -> torch.Tensor:
-        """[num_spans, vocab] logits; writes every new token's K/V into `cache` on the way."""
+    def forward(self, batch: FlatBatch, cache: PagedKVCache, also: list[int] | None = None) -> torch.Tensor:
+        """[num_spans, vocab] logits of each span's last token, then those of the flat token
+        indices ``also`` names (prompt logprobs); writes every new token's K/V into `cache`."""
         self._check_positions(batch)
         x = self.model.embed_tokens(batch.input_ids)
         step = self._step_context(batch, cache, x.dtype)
         for layer in self.model.layers:
             x = layer(x, step)
-        last = torch.tensor(batch.last_token_index, dtype=torch.long, device=x.device)
+        index = batch.last_token_index + also if also else batch.last_token_index
+        last = torch.tensor(index, dtype=torch.long, device=x.device)
         return self.lm_head(self.model.norm(x[last]))
 
     def _step_context(self, batch: FlatBatch, cache: PagedKVCache, dtype: torch.dtype) -> StepContext:

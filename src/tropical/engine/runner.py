@@ -9,12 +9,12 @@ mirrors the engine cache block for block, so a batch the scheduler admits always
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
-from tropical.core.sampling import SamplingParams
+from tropical.core.sampling import SamplingParams, TokenLogprobs
 from tropical.engine.block_hash import block_hashes
 from tropical.engine.executor import Executor
 from tropical.engine.kv_cache import PagedKVCache
@@ -23,17 +23,21 @@ from tropical.sched.baselines import ColocatedPolicy
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Cluster, Fail
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.step import TokenSequence, record_tokens, step_spec
+from tropical.sched.step import TokenConstraint, TokenSequence, record_logprobs, record_tokens, step_spec
 from tropical.sched.worker import UNPRICED, WorkerState, worker_state
 
 
 @dataclass(frozen=True, slots=True)
 class FinishedRequest:
-    """A request that ended; ``reason`` is "length" (max tokens) or "eos"."""
+    """A request that ended; ``reason`` is "length" (max tokens) or "eos" (an end of sequence or
+    a stop token id, the last of ``token_ids``); the logprobs its sampling params asked for (the
+    prompt's from its second token on)."""
 
     req: Request
     token_ids: list[int]
     reason: str
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +80,18 @@ class EngineWorker:
     def has_work(self) -> bool:
         return bool(self.state.waiting or self.state.running)
 
-    def submit(self, req: Request, prompt_ids: list[int], sampling: SamplingParams) -> None:
-        """Queue ``req``; its ``output_len`` is the max tokens to generate. Raises ValueError for a
-        request this worker can never hold. With a prefix cache, ``req`` gets its prompt's block
-        names (``prefix``) here, so its cached prefix is found."""
+    def submit(self, req: Request, prompt_ids: list[int], sampling: SamplingParams,
+               constraint: TokenConstraint | None = None) -> None:
+        """Queue ``req``; its ``output_len`` is the max tokens to generate; ``constraint``: the
+        grammar its output follows. Raises ValueError for a request this worker can never hold.
+        With a prefix cache, ``req`` gets its prompt's block names (``prefix``) here, so its cached
+        prefix is found, unless it asks for prompt logprobs (every prompt position is computed)."""
         if req.id in self.sequences:
             raise ValueError(f"request {req.id} is already on worker {self.state.id}")
-        if self.state.kv.cache is not None:
+        if self.state.kv.cache is not None and sampling.prompt_logprobs is None:
             size = self.cache.block_size
             req.prefix, req.prefix_block = block_hashes(prompt_ids, size), size
-        seq = TokenSequence(req, list(prompt_ids), sampling)
+        seq = TokenSequence(req, list(prompt_ids), sampling, constraint=constraint)
         refused = next((e.reason for e in self.cluster.arrive(req, req.arrival) if isinstance(e, Fail)), None)
         if refused is not None:
             raise ValueError(f"request {req.id}: {refused}")
@@ -113,8 +119,10 @@ class EngineWorker:
     def _run(self, batch: Batch, now: float) -> list[FinishedRequest]:
         """Execute ``batch`` and book it; the requests it finished, with their tokens."""
         start = time.perf_counter()
-        tokens = self.executor.run(step_spec(batch, self.state.running, self.sequences))
-        eos = record_tokens(tokens, self.sequences, self.eos_ids)
+        out = self.executor.run(step_spec(batch, self.state.running, self.sequences, self.eos_ids))
+        record_logprobs(out, self.sequences)
+        eos = record_tokens(out.tokens, self.sequences, self.eos_ids)
         booking = self.cluster.book(self.state.id, batch, now + time.perf_counter() - start, eos=eos)
-        return [FinishedRequest(req, self.sequences.pop(req.id).output, reason)
-                for req, reason in booking.finished]
+        done = [(req, reason, self.sequences.pop(req.id)) for req, reason in booking.finished]
+        return [FinishedRequest(req, seq.output, reason, seq.logprobs, seq.prompt_logprobs)
+                for req, reason, seq in done]

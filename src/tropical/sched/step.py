@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tropical.core.request import Request
-from tropical.core.sampling import SamplingParams
+from tropical.core.sampling import SamplingParams, TokenLogprobs
 from tropical.sched.batching import Batch
 
 
@@ -53,7 +53,10 @@ class TokenConstraint(Protocol):
 
 @dataclass(slots=True)
 class TokenSequence:
-    """A request's tokens and sampling settings; ``output`` holds every token sampled so far."""
+    """A request's tokens and sampling settings; ``output`` holds every token sampled so far,
+    ``logprobs`` those of the sampled tokens and ``prompt_logprobs`` those of its prompt's tokens
+    from the second on (gathered chunk by chunk) when the request asked for them, ``constraint``
+    its grammar matcher, if it has one."""
 
     req: Request
     prompt: list[int]
@@ -61,6 +64,8 @@ class TokenSequence:
     ignore_eos: bool = False
     output: list[int] = field(default_factory=list)
     constraint: TokenConstraint | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.prompt) != self.req.prompt_len:
@@ -72,47 +77,128 @@ class TokenSequence:
         """Tokens whose KV is in the cache once the prompt is done: all but the last sampled one."""
         return self.req.prompt_len + len(self.output) - 1
 
+    def stop_ids(self, eos_ids: frozenset[int]) -> frozenset[int]:
+        """The tokens this request stops at: its ``stop_token_ids``, and the end-of-sequence ids
+        unless it ignores them."""
+        stops = frozenset(self.params.stop_token_ids)
+        return stops if self.ignore_eos else stops | eos_ids
+
     def ends_at(self, token: int, eos_ids: frozenset[int]) -> bool:
-        """True when ``token`` is an end-of-sequence token this request stops at."""
-        return token in eos_ids and not self.ignore_eos
+        """True when ``token``, just appended, ends the request: a stop token once it has at least
+        ``min_tokens`` output tokens (vLLM's rule)."""
+        return token in self.stop_ids(eos_ids) and len(self.output) >= self.params.min_tokens
+
+    def banned(self, eos_ids: frozenset[int]) -> tuple[int, ...]:
+        """The tokens its next draw may not take: the stop tokens while it has fewer than
+        ``min_tokens`` output tokens."""
+        if len(self.output) >= self.params.min_tokens:
+            return ()
+        return tuple(sorted(self.stop_ids(eos_ids)))
+
+    def row(self, step: int, eos_ids: frozenset[int]) -> SampleRow:
+        """Its next token's row, with what the sampler needs beyond the params: only what the
+        request's features use, so a plain request's row carries nothing more."""
+        params = self.params
+        if params.plain and self.constraint is None:
+            return SampleRow(self.req.id, params, step)
+        return SampleRow(
+            self.req.id, params, step,
+            output=tuple(self.output) if params.penalized else (),
+            prompt=tuple(self.prompt) if params.repetition_penalty != 1 else (),
+            banned=self.banned(eos_ids),
+            allowed=None if self.constraint is None else self.constraint.allowed())
 
 
 @dataclass(frozen=True, slots=True)
 class SampleRow:
-    """Sample the next token of ``seq_id`` from its span's logits; ``step`` seeds the draw."""
+    """Sample the next token of ``seq_id`` from its span's logits; ``step`` seeds the draw.
+    Beyond a plain request's row: the ``output`` so far (penalties), the ``prompt`` (repetition
+    penalty), the ``banned`` tokens (stop tokens under ``min_tokens``), and the grammar's
+    ``allowed`` bitmask (TokenConstraint.allowed's layout)."""
 
     seq_id: int
     params: SamplingParams
     step: int
+    output: tuple[int, ...] = ()
+    prompt: tuple[int, ...] = ()
+    banned: tuple[int, ...] = ()
+    allowed: bytes | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Sampled on the fast path: temperature, top-k and top-p only, no logprobs."""
+        return self.params.plain and self.allowed is None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRow:
+    """Score a prompt span's tokens for prompt logprobs: position ``i`` of the span predicts
+    ``targets[i]``, the prompt token after it (a prompt's last position predicts a sampled token,
+    so a span ending the prompt has one target fewer than tokens); ``top`` alternatives each."""
+
+    seq_id: int
+    targets: list[int]
+    top: int
 
 
 @dataclass(frozen=True, slots=True)
 class StepSpec:
     """What an executor runs: one forward over ``spans``, then a token for each of ``samples``
-    (in span order; a prompt chunk that does not end its prompt samples nothing)."""
+    (in span order; a prompt chunk that does not end its prompt samples nothing), and the prompt
+    logprobs of each of ``prompts``."""
 
     spans: list[Span]
     samples: list[SampleRow]
+    prompts: list[PromptRow] = field(default_factory=list)
 
 
-def step_spec(batch: Batch, decoding: Iterable[int], sequences: Mapping[int, TokenSequence]) -> StepSpec:
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What a step produced: each sampled row's token, its logprobs for rows that asked, and for
+    each prompt row the logprobs of its targets, in order."""
+
+    tokens: dict[int, int]
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+def step_spec(batch: Batch, decoding: Iterable[int], sequences: Mapping[int, TokenSequence],
+              eos_ids: frozenset[int] = frozenset()) -> StepSpec:
     """The executor's view of ``batch``: one span per decoding request (ids in batch order), then
-    the prompt spans; a prompt that ends in this step samples its first token."""
+    the prompt spans; a prompt that ends in this step samples its first token. ``eos_ids`` are
+    banned from the rows of requests still under their ``min_tokens``."""
     seqs = [sequences[rid] for rid in decoding] if batch.decode_count else []
     spans = [Span(s.req.id, [s.output[-1]], s.cached) for s in seqs]
-    samples = [SampleRow(s.req.id, s.params, len(s.output)) for s in seqs]
+    samples = [s.row(len(s.output), eos_ids) for s in seqs]
+    prompts = []
     for req, new, cached in batch.prefills:
         seq = sequences[req.id]
         spans.append(Span(req.id, seq.prompt[cached:cached + new], cached, req.prefix))
+        top = seq.params.prompt_logprobs
+        if top is not None and cached + 1 < req.prompt_len:
+            prompts.append(PromptRow(req.id, seq.prompt[cached + 1:cached + new + 1], top))
         if cached + new == req.prompt_len:
-            samples.append(SampleRow(req.id, seq.params, 0))
-    return StepSpec(spans, samples)
+            samples.append(seq.row(0, eos_ids))
+    return StepSpec(spans, samples, prompts)
 
 
 def record_tokens(tokens: Mapping[int, int], sequences: Mapping[int, TokenSequence],
                   eos_ids: frozenset[int]) -> list[int]:
-    """Append each sampled token to its sequence; returns the ids whose token was an end of
-    sequence (the cluster stops those that a length limit has not already finished)."""
+    """Append each sampled token to its sequence (and its grammar matcher); returns the ids whose
+    token ends them: an end of sequence or a stop token id, past ``min_tokens`` (the cluster stops
+    those that a length limit has not already finished)."""
     for rid, token in tokens.items():
-        sequences[rid].output.append(token)
+        seq = sequences[rid]
+        seq.output.append(token)
+        if seq.constraint is not None:
+            seq.constraint.accept(token)
     return [rid for rid, token in tokens.items() if sequences[rid].ends_at(token, eos_ids)]
+
+
+def record_logprobs(output: StepOutput, sequences: Mapping[int, TokenSequence]) -> None:
+    """Keep a step's logprobs with their sequences: each prompt span's after the earlier spans',
+    each sampled token's after the earlier tokens'."""
+    for rid, scored in output.prompt_logprobs.items():
+        sequences[rid].prompt_logprobs.extend(scored)
+    for rid, token_logprobs in output.logprobs.items():
+        sequences[rid].logprobs.append(token_logprobs)

@@ -7,11 +7,12 @@ counts in /metrics consistent however it ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tropical.core.request import Request
+from tropical.core.sampling import TokenLogprobs
 from tropical.sched.step import TokenSequence
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.streams import RequestHandle, Submission
@@ -39,17 +40,28 @@ class InFlight:
         return handle
 
     def track(self, req: Request, submission: Submission) -> None:
-        """``req``'s tokens from its prompt on (again, for a request that runs again)."""
+        """``req``'s tokens from its prompt on (again, for a request that runs again, with a
+        fresh grammar matcher)."""
+        constraint = submission.constraint() if submission.constraint is not None else None
         self.sequences[req.id] = TokenSequence(req, list(submission.prompt_ids), submission.params,
-                                               submission.ignore_eos)
+                                               submission.ignore_eos, constraint=constraint)
 
-    def stream(self, tokens: dict[int, int], finished: list[tuple[Request, str]]) -> list[int]:
-        """Send a step's tokens; end the streams of requests that finished or hit a stop string.
-        Returns those a stop string ended: the scheduler still holds them, with their KV."""
+    def stream(self, tokens: Mapping[int, int], finished: list[tuple[Request, str]],
+               ended: Collection[int] = (), logprobs: Mapping[int, TokenLogprobs] | None = None
+               ) -> list[int]:
+        """Send a step's tokens, with their ``logprobs`` (and a request's first token with its
+        prompt logprobs); the token that ``ended`` a request (an end of sequence or stop token id)
+        adds no text. End the streams of requests that finished or hit a stop string; returns
+        those a stop string ended: the scheduler still holds them, with their KV."""
         stopped = []
+        ending = set(ended)
+        scored = logprobs or {}
         for rid, token in tokens.items():
             handle = self.handles.get(rid)
-            if handle is not None and handle.emit([token]):
+            if handle is None:
+                continue
+            logprob = [scored[rid]] if rid in scored else None
+            if handle.emit([token], logprob, self._prompt_logprobs(handle), silent=rid in ending):
                 self._finish(handle, "stop")
                 stopped.append(rid)
         for req, reason in finished:
@@ -58,6 +70,13 @@ class InFlight:
             if handle is not None:
                 self._finish(handle, "stop" if reason == "eos" else "length")
         return stopped
+
+    def _prompt_logprobs(self, handle: RequestHandle) -> list[TokenLogprobs | None] | None:
+        """The prompt's logprobs, first None, to send with a request's first token, if it asked."""
+        seq = self.sequences.get(handle.req.id)
+        if handle.completion_tokens or seq is None or seq.params.prompt_logprobs is None:
+            return None
+        return [None, *seq.prompt_logprobs]
 
     def _finish(self, handle: RequestHandle, reason: str) -> None:
         """End the stream and record the request's latencies as it really ran: a stop (string or

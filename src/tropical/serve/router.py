@@ -28,7 +28,7 @@ from tropical.sched.admission import NO_LIVE_WORKER, serving_error
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrate, Wake
 from tropical.sched.policy import Policy
-from tropical.sched.step import TokenSequence, record_tokens, step_spec
+from tropical.sched.step import TokenSequence, record_logprobs, record_tokens, step_spec
 from tropical.sched.worker import WorkerState
 from tropical.serve.inflight import InFlight
 from tropical.serve.iteration_log import IterationLog, IterationRecord, MigrationRecord
@@ -153,8 +153,7 @@ class Router:
         check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
                        self.metrics, "no worker is running")
         now = self.clock()
-        req = self._request(next(self._ids), now, submission.prompt_ids, submission.max_tokens,
-                            self.slo_of(submission))
+        req = self._request(next(self._ids), now, submission, submission.max_tokens, self.slo_of(submission))
         effects = self.cluster.arrive(req, now)
         refused = refusal(effects)
         if refused is not None:
@@ -172,12 +171,15 @@ class Router:
             return Rejected(429, reason, admission.retry_after)
         return Rejected(503 if reason.startswith(NO_LIVE_WORKER) else 400, reason)
 
-    def _request(self, rid: int, arrival: float, prompt_ids: Sequence[int], max_tokens: int, slo: SLO
+    def _request(self, rid: int, arrival: float, submission: Submission, max_tokens: int, slo: SLO
                  ) -> Request:
         """A request, named by its prompt's full blocks (``prefix``) as the workers' prefix caches
-        name them, when they keep one."""
+        name them, when they keep one; one asking for prompt logprobs is not named, so it hits
+        nothing cached and every prompt position is computed (as vLLM v1 does)."""
         kv = self.workers[0].kv
-        prefix = block_hashes(prompt_ids, kv.block_size) if kv.cache is not None else ()
+        prompt_ids = submission.prompt_ids
+        named = kv.cache is not None and submission.params.prompt_logprobs is None
+        prefix = block_hashes(prompt_ids, kv.block_size) if named else ()
         return Request(rid, arrival, len(prompt_ids), max_tokens, slo, prefix=prefix,
                        prefix_block=kv.block_size)
 
@@ -257,7 +259,7 @@ class Router:
         batch = self.cluster.plan(driver.worker_id, start)
         if batch is None:
             return None
-        spec = step_spec(batch, worker.running, self.inflight.sequences)
+        spec = step_spec(batch, worker.running, self.inflight.sequences, self.inflight.eos)
         predicted = worker.latency.iteration_time(batch.shape)
         self.cluster.expect_end(driver.worker_id, start + predicted)
         return Iteration(worker, batch, Step(spec, driver.take_frees()), start, predicted)
@@ -280,10 +282,11 @@ class Router:
         """Book the sampled tokens, stream them, and do what the booking asks."""
         worker = iteration.worker
         end = self.clock()
+        record_logprobs(done.output, self.inflight.sequences)
         eos = record_tokens(done.tokens, self.inflight.sequences, self.inflight.eos)
         self._follow(worker, done.events)
         booking = self.cluster.book(worker.id, iteration.batch, end, eos=eos)
-        for rid in self.inflight.stream(done.tokens, booking.finished):
+        for rid in self.inflight.stream(done.tokens, booking.finished, eos, done.logprobs):
             self._abort_on(worker.id, rid)  # a stop string ended it: drop it at the next boundary
         self._carry_out(booking.effects)
         self._report(worker)
@@ -394,7 +397,7 @@ class Router:
     def _rerun(self, handle: RequestHandle) -> None:
         """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
         old, sub = handle.req, handle.submission
-        req = self._request(old.id, old.arrival, sub.prompt_ids, old.output_len, old.slo)
+        req = self._request(old.id, old.arrival, sub, old.output_len, old.slo)
         handle.req = req
         effects = self.cluster.arrive(req, self.clock())
         refused = refusal(effects)

@@ -75,26 +75,41 @@ class RequestHandle:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     completion_tokens: int = 0
     unsent_tokens: int = 0  # sampled tokens no event has carried yet: their text is held back
+    unsent_logprobs: list[TokenLogprobs] = field(default_factory=list)  # and their logprobs
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # for the first event
     ended: bool = False
 
     @classmethod
     def of(cls, req: Request, submission: Submission, tokenizer: Decoder) -> RequestHandle:
         return cls(req, submission, TextStream(tokenizer, submission.stop))
 
-    def emit(self, tokens: list[int]) -> bool:
-        """Stream newly sampled tokens; True when a stop string ended the text.
+    def emit(self, tokens: list[int], logprobs: list[TokenLogprobs] | None = None,
+             prompt_logprobs: list[TokenLogprobs | None] | None = None, silent: bool = False) -> bool:
+        """Stream newly sampled tokens, with their ``logprobs`` if the request asked for them (and
+        with the first, its ``prompt_logprobs``); True when a stop string ended the text.
+        ``silent``: count the tokens but add no text (a stop token id ends the request unseen).
 
         An event goes out when there is text, and for the first token even without (it marks the
         first token's time); tokens whose text is held back ride with the next event.
         """
         first = self.completion_tokens == 0
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs
         self.completion_tokens += len(tokens)
         self.unsent_tokens += len(tokens)
-        delta = self.text.push(tokens)
+        self.unsent_logprobs.extend(logprobs or ())
+        delta = "" if silent else self.text.push(tokens)
         if delta or (first and not self.text.stopped):
-            self.events.put_nowait(Event(delta, self.unsent_tokens))
-            self.unsent_tokens = 0
+            self.events.put_nowait(self._event(delta))
         return self.text.stopped
+
+    def _event(self, text: str, finish_reason: str | None = None) -> Event:
+        """An event carrying ``text`` and every token not carried yet (with their logprobs; the
+        first event also with the prompt's)."""
+        event = Event(text, self.unsent_tokens, finish_reason, logprobs=self.unsent_logprobs,
+                      prompt_logprobs=self.prompt_logprobs)
+        self.unsent_tokens, self.unsent_logprobs, self.prompt_logprobs = 0, [], None
+        return event
 
     def end(self, finish_reason: str | None = None, error: str | None = None, status: int = 500) -> None:
         """The final event (once): what the stream still held, and why it ended.
@@ -112,8 +127,10 @@ class RequestHandle:
         tail = self.text.finish()
         reason = "stop" if self.text.stopped else finish_reason
         last = self._take_unread_last() or Event("", 0)
-        self.events.put_nowait(Event(last.text + tail, last.tokens + self.unsent_tokens, reason))
-        self.unsent_tokens = 0
+        event = self._event(last.text + tail, reason)
+        self.events.put_nowait(replace(event, tokens=last.tokens + event.tokens,
+                                       logprobs=last.logprobs + event.logprobs,
+                                       prompt_logprobs=last.prompt_logprobs or event.prompt_logprobs))
 
     def _take_unread_last(self) -> Event | None:
         """Remove and return the newest queued event, leaving the older ones queued in order."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tropical.core.sampling import TokenLogprobs
 from tropical.engine.config import ModelConfig
 from tropical.engine.kv_events import KVEvent
-from tropical.sched.step import StepSpec
+from tropical.sched.step import StepOutput, StepSpec
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the router must not
     from tropical.engine.tokenizer import Tokenizer
@@ -69,12 +70,19 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class StepDone:
-    """The step's sampled tokens, its compute time, and what its prefix cache stored and evicted
-    since the last step (KV events)."""
+    """The step's sampled tokens, its compute time, what its prefix cache stored and evicted
+    since the last step (KV events), and the logprobs of the sampled tokens and prompt spans
+    whose requests asked for them (by request id; see StepOutput)."""
 
     tokens: dict[int, int]
     seconds: float
     events: list[KVEvent] = field(default_factory=list)
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+
+    @property
+    def output(self) -> StepOutput:
+        return StepOutput(self.tokens, self.logprobs, self.prompt_logprobs)
 
 
 @dataclass(frozen=True, slots=True)

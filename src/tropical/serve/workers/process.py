@@ -64,8 +64,9 @@ class WorkerRuntime:
         if isinstance(command, Step):
             self.executor.free(command.free)
             start = time.perf_counter()
-            tokens = self.executor.run(command.spec)
-            return StepDone(tokens, time.perf_counter() - start, self.executor.cache.take_events())
+            out = self.executor.run(command.spec)
+            return StepDone(out.tokens, time.perf_counter() - start, self.executor.cache.take_events(),
+                            out.logprobs, out.prompt_logprobs)
         if isinstance(command, Free):
             self.executor.free(command.seq_ids)
             return None

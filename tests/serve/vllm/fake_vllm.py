@@ -5,7 +5,11 @@ with ``return_token_ids``) and speaks the P/D protocol: ``kv_transfer_params.do_
 makes a prefill that returns one token and hand-off params naming this server; a request carrying
 ``do_remote_prefill`` params must name a hand-off a fake really made (else 400), and is logged as
 pulled. Its greedy answer depends only on the prompt, so every path returns the same tokens.
-Timing: ``prefill_s_per_token`` per prompt token (recomputed or not) and ``step_s`` per token.
+Its prefix cache, as vLLM's, keeps every full block of the prompts it prefilled (none evicted)
+and skips a new prompt's cached run of them, at most all its blocks but the one holding its last
+token; every reply's usage says how many tokens that was (``prompt_tokens_details``, in the usage
+chunk a stream sends when asked). Timing: ``prefill_s_per_token`` per prompt token not found
+cached (recomputed or pulled) and ``step_s`` per token.
 ``/health``, ``/v1/models`` and ``/metrics`` (with vLLM's cache_config_info) complete the surface.
 
 Run as a module (``python -m tests.serve.vllm.fake_vllm ARGS``) it serves as a process with vLLM's
@@ -33,6 +37,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from tropical.engine.block_hash import block_hashes
 from tropical.serve.process import free_port
 
 HANDOFFS: dict[str, list[int]] = {}
@@ -63,6 +68,8 @@ class FakeVllm:
     block_size: int = 16
     known_handoffs: bool = True
     """Refuse a hand-off no fake in this process made (off for a process of its own)."""
+    prefix_cache: bool = True
+    cached_blocks: set[int] = field(default_factory=set)
     requests: list[dict] = field(default_factory=list)
     pulled: list[dict] = field(default_factory=list)
 
@@ -98,28 +105,41 @@ class FakeVllm:
             if self.known_handoffs and HANDOFFS.get(kv.get("transfer_id", "")) != prompt:
                 return JSONResponse({"error": {"message": "no such KV hand-off for this prompt"}}, 400)
             self.pulled.append(kv)
-        else:
-            await asyncio.sleep(self.prefill_s_per_token * len(prompt))
+        cached = self._look_up(prompt)
+        if not kv.get("do_remote_prefill"):
+            await asyncio.sleep(self.prefill_s_per_token * (len(prompt) - cached))
         eos = None if body.get("ignore_eos") else self.eos
         tokens = answer(prompt, body["max_tokens"], self.vocab, eos)
+        usage = {"prompt_tokens": len(prompt), "prompt_tokens_details": {"cached_tokens": cached}}
         if kv.get("do_remote_decode"):
-            return self._prefill_reply(prompt, tokens[:1])
+            return self._prefill_reply(prompt, tokens[:1], usage)
         if body.get("stream"):
-            return StreamingResponse(self._events(tokens, body["max_tokens"]), media_type="text/event-stream")
+            events = self._events(tokens, body["max_tokens"], usage if _wants_usage(body) else None)
+            return StreamingResponse(events, media_type="text/event-stream")
         await asyncio.sleep(self.step_s * (len(tokens) - 1))
         return JSONResponse({"choices": [{"index": 0, "text": "", "token_ids": tokens,
-                                          "finish_reason": _reason(tokens, body["max_tokens"])}]})
+                                          "finish_reason": _reason(tokens, body["max_tokens"])}],
+                             "usage": usage})
 
-    def _prefill_reply(self, prompt: list[int], tokens: list[int]) -> JSONResponse:
+    def _look_up(self, prompt: list[int]) -> int:
+        """The prompt's tokens found cached (its blocks are cached from now on)."""
+        if not self.prefix_cache:
+            return 0
+        keys = block_hashes(prompt, self.block_size)
+        run = next((i for i, key in enumerate(keys) if key not in self.cached_blocks), len(keys))
+        self.cached_blocks.update(keys)
+        return min(run * self.block_size, (len(prompt) - 1) // self.block_size * self.block_size)
+
+    def _prefill_reply(self, prompt: list[int], tokens: list[int], usage: dict) -> JSONResponse:
         transfer = f"t{next(_transfer_ids)}"
         HANDOFFS[transfer] = prompt
         params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.name,
                   "remote_block_ids": [0], "remote_host": "127.0.0.1", "remote_port": 1,
                   "transfer_id": transfer}
         choice = {"index": 0, "text": "", "token_ids": tokens, "finish_reason": "length"}
-        return JSONResponse({"choices": [choice], "kv_transfer_params": params})
+        return JSONResponse({"choices": [choice], "kv_transfer_params": params, "usage": usage})
 
-    async def _events(self, tokens: list[int], max_tokens: int) -> AsyncIterator[bytes]:
+    async def _events(self, tokens: list[int], max_tokens: int, usage: dict | None) -> AsyncIterator[bytes]:
         for i, token in enumerate(tokens):
             if i:
                 await asyncio.sleep(self.step_s)
@@ -127,7 +147,13 @@ class FakeVllm:
             choice = {"index": 0, "text": "", "token_ids": [token],
                       "finish_reason": _reason(tokens, max_tokens) if last else None}
             yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+        if usage is not None:
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()
         yield b"data: [DONE]\n\n"
+
+
+def _wants_usage(body: dict) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
 def _reason(tokens: list[int], max_tokens: int) -> str:

@@ -21,6 +21,7 @@ from tests.live_server import eventually
 from tests.serve.vllm.fake_vllm import FakeVllm, RunningFake, answer, running_fake
 from tropical.engine.loader import load_model
 from tropical.sched.registry import make_policy, policy_names
+from tropical.serve.http.app import ServerState
 from tropical.serve.options import ServeOptions
 from tropical.serve.process import free_port
 from tropical.serve.server import build_app, server_state
@@ -32,9 +33,9 @@ Fakes = tuple[RunningFake, RunningFake]
 
 
 @contextmanager
-def serving(options: ServeOptions) -> Iterator[str]:
+def serving(options: ServeOptions, state: ServerState | None = None) -> Iterator[str]:
     """The router app on a free port in a thread of this process, up once /health says ok."""
-    app = build_app(options, server_state(options))
+    app = build_app(options, state or server_state(options))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=options.port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

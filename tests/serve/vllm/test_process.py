@@ -13,7 +13,7 @@ import pytest
 
 from tropical.sched.rules import Role
 from tropical.serve.options import ServeOptions
-from tropical.serve.vllm.launch import parse_worker_urls
+from tropical.serve.vllm.launch import one_block_size, parse_worker_urls
 from tropical.serve.vllm.process import CPU_PATCH, VllmLaunch, VllmProcess, core_sets
 
 
@@ -105,3 +105,18 @@ def test_stopping_an_instance_ends_its_whole_process_group_even_when_its_leader_
     process.stop(timeout=5)
     with pytest.raises(ProcessLookupError):
         os.killpg(process.pid, 0)
+
+
+@pytest.mark.parametrize(("on", "flag"), [(True, "--enable-prefix-caching"),
+                                          (False, "--no-enable-prefix-caching")])
+def test_instances_cache_prefixes_as_told_and_report_their_hits(on: bool, flag: str) -> None:
+    args = VllmLaunch("py", "/m", "smollm2", Role.COLOCATED, 8001, 5601, "1", Path("/tmp/log"),
+                      prefix_cache=on).command()
+    assert flag in args and "--enable-prompt-tokens-details" in args
+
+
+def test_instances_of_different_block_sizes_are_refused_with_the_prefix_cache_on() -> None:
+    one_block_size([(100, 128), (50, 128)], True)
+    one_block_size([(100, 128), (50, 16)], False)
+    with pytest.raises(ValueError, match="different KV block sizes .16, 128 tokens"):
+        one_block_size([(100, 128), (50, 16)], True)

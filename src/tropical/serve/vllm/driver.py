@@ -12,6 +12,12 @@ as one task on the instance its ``Assigned`` effect names:
   vLLM's connector (NIXL); its first token lands the KV (``Cluster.migrated``), and its stream is
   the client's;
 - on any other instance (Path 2) the prompt streams from there.
+Each mirror keeps a model of its instance's prefix cache (``sched.prefix_cache``, an LRU over the
+instance's KV blocks, in its block size): a prompt's first token there stores its blocks, as vLLM
+caches what it computed, so cache-aware policies price the hits each instance would give. What the
+instance really found cached comes back in each reply's ``usage.prompt_tokens_details`` and is the
+request's ``cached_tokens`` and that instance's prefix-cache counters (``docs/vllm.md`` says why
+this and not vLLM's KV events).
 An instance that dies leaves the Cluster; its requests without a token yet run again elsewhere,
 the others end with an error, as with our own workers; then it is restarted with its role and
 port (an attached one is waited for) and re-added (``revivals`` in /metrics).
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
+from tropical.engine.block_hash import block_hashes
 from tropical.sched.admission import NO_LIVE_WORKER, serving_error
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Migrate, Wake
 from tropical.sched.policy import Policy
@@ -39,7 +46,7 @@ from tropical.serve.inflight import InFlight
 from tropical.serve.metrics import ServerMetrics
 from tropical.serve.router import SHUTTING_DOWN, Rejected, RouterSettings, check_capacity, refusal
 from tropical.serve.streams import RequestHandle, Submission
-from tropical.serve.vllm.instance import InstanceDied, InstanceError, VllmInstance
+from tropical.serve.vllm.instance import InstanceDied, InstanceError, VllmInstance, cached_tokens
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); the driver does not
     from tropical.engine.tokenizer import Tokenizer
@@ -106,8 +113,11 @@ class VllmDriver:
         check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
                        self.metrics, "no vLLM instance is running")
         now = self.clock()
+        kv = self.workers[0].kv
+        prefix = block_hashes(submission.prompt_ids, kv.block_size) if kv.cache is not None else ()
         req = Request(next(self._ids), now, len(submission.prompt_ids), submission.max_tokens,
-                      submission.slo(self.settings.slo, self.reference))
+                      submission.slo(self.settings.slo, self.reference), prefix=prefix,
+                      prefix_block=kv.block_size)
         effects = self.cluster.arrive(req, now)
         refused = refusal(effects)
         if refused is not None:
@@ -182,6 +192,7 @@ class VllmDriver:
             return
         self._handoffs[req.id] = params or {}
         booking = self.cluster.observe(worker_id, self.clock(), {req.id: 1})
+        self._prefix_hit(req, worker_id, cached_tokens(reply))
         if req.finish is not None:
             self._handoffs.pop(req.id, None)
             tokens = reply["choices"][0].get("token_ids") or []
@@ -190,13 +201,18 @@ class VllmDriver:
 
     async def _stream(self, req: Request, worker_id: int, move: Migrate | None) -> None:
         """Stream the instance's tokens to the client, each chunk an observed iteration end there.
-        After a hand-off, the first token says the KV has landed."""
+        After a hand-off, the first token says the KV has landed. The usage chunk after the last
+        token says what the instance found cached (after a hand-off, the prefill's hit counts)."""
         body = self._body(req)
         if move is not None:
             body["kv_transfer_params"] = self._handoffs.pop(req.id)
-        start, count = self.clock(), 0
+        start, count, reason = self.clock(), 0, None
         async with aclosing(self.clients[worker_id].stream(body)) as chunks:
             async for chunk in chunks:
+                if chunk.cached_tokens is not None:
+                    if move is None:
+                        self._prefix_hit(req, worker_id, chunk.cached_tokens)
+                    continue
                 now = self.clock()
                 if move is not None and count == 0 and chunk.token_ids:
                     self._landed(move, now - start)
@@ -205,11 +221,25 @@ class VllmDriver:
                 reason = "stop" if stopped else chunk.finish_reason
                 ended = [req.id] if reason is not None else []
                 self._carry_out(self.cluster.observe(worker_id, now, {req.id: count}, ended).effects)
-                if reason is not None:
-                    self._finish(req, reason)
-                    return
-        self._carry_out(self.cluster.observe(worker_id, self.clock(), {req.id: count}, [req.id]).effects)
-        self._finish(req, "length")
+                if stopped:
+                    break  # closing the stream aborts the rest of it in vLLM
+        if reason is None:
+            self._carry_out(self.cluster.observe(worker_id, self.clock(), {req.id: count}, [req.id]).effects)
+        self._finish(req, reason or "length")
+
+    def _prefix_hit(self, req: Request, worker_id: int, cached: int | None) -> None:
+        """The prompt tokens the instance that computed ``req``'s prompt found in its prefix cache
+        (None: it does not say) become the client's ``cached_tokens`` in place of the mirror's
+        prediction, and count in that instance's prefix-cache metrics. The mirror's cache needs
+        no change: right or wrong, the instance now holds every block of the prompt, as the
+        mirror stored them at its first token."""
+        if cached is None:
+            return
+        if cached != req.cached:
+            log.debug("vLLM instance %d found %d of request %d's %d prompt tokens cached; its mirror "
+                      "predicted %d", worker_id, cached, req.id, req.prompt_len, req.cached)
+        req.cached = cached
+        self.metrics.record_prefix_cache(worker_id, req.prompt_len, cached)
 
     def _emit(self, req: Request, tokens: list[int]) -> bool:
         """Send ``tokens`` to the client; True if a stop string ended its stream."""
@@ -261,7 +291,8 @@ class VllmDriver:
     def _rerun(self, handle: RequestHandle) -> None:
         """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
         old = handle.req
-        req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo)
+        req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo, prefix=old.prefix,
+                      prefix_block=old.prefix_block)
         handle.req = req
         effects = self.cluster.arrive(req, self.clock())
         refused = refusal(effects)

@@ -2,7 +2,9 @@
 
 The router talks to an instance only through ``/v1/completions`` with prompt token ids (so the
 router's tokenizer decides the prompt exactly) and ``return_token_ids`` (so the router's own
-detokenizer and stop strings apply, as with our engine). A connection that fails marks the
+detokenizer and stop strings apply, as with our engine). Streams ask for vLLM's usage chunk, whose
+``prompt_tokens_details.cached_tokens`` (on with ``--enable-prompt-tokens-details``) says how
+much of the prompt the instance's prefix cache held. A connection that fails marks the
 instance dead; ``probe`` lets a watcher notice deaths between requests too. ``restart`` brings a
 dead one back: a started instance as a new process with the same launch (role, port, cores), an
 attached one once its URL answers again.
@@ -39,10 +41,12 @@ class InstanceError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """New token ids of one streamed choice, and its finish reason once it ends."""
+    """New token ids of one streamed choice, and its finish reason once it ends; or, from the
+    usage chunk after the last one, the prompt tokens the instance found cached."""
 
     token_ids: list[int]
     finish_reason: str | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(eq=False)
@@ -139,7 +143,8 @@ class VllmInstance:
             raise InstanceDied(f"vLLM at {self.url} stopped answering: {exc!r}") from exc
 
     def _body(self, body: dict[str, Any], stream: bool) -> dict[str, Any]:
-        return {**body, "model": self.model, "stream": stream, "return_token_ids": True}
+        usage = {"stream_options": {"include_usage": True}} if stream else {}
+        return {**body, **usage, "model": self.model, "stream": stream, "return_token_ids": True}
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -157,8 +162,17 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
         yield pending.decode(errors="replace")
 
 
+def cached_tokens(reply: dict[str, Any]) -> int | None:
+    """The prompt tokens a reply's usage says the instance's prefix cache held (None when it
+    does not say: an instance started without ``--enable-prompt-tokens-details``)."""
+    details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return cached if isinstance(cached, int) else None
+
+
 def _chunk(line: str) -> Chunk | None:
-    """The tokens of one ``data:`` line; None for blank lines, usage-only chunks and [DONE]."""
+    """The tokens of one ``data:`` line, or the usage chunk's cached tokens; None for blank
+    lines, usage without them and [DONE]."""
     if not line.startswith("data:") or line[5:].strip() == "[DONE]":
         return None
     event = json.loads(line[5:])
@@ -166,7 +180,8 @@ def _chunk(line: str) -> Chunk | None:
         raise InstanceError(500, str(event["error"].get("message", event["error"])))
     choices = event.get("choices") or []
     if not choices:
-        return None
+        cached = cached_tokens(event)
+        return None if cached is None else Chunk([], None, cached)
     choice = choices[0]
     return Chunk(list(choice.get("token_ids") or []), choice.get("finish_reason"))
 

@@ -77,11 +77,13 @@ async def launch_vllm(options: ServeOptions, metrics: ServerMetrics) -> VllmClus
         source = _profile_source(options, instances[0], model_dir)
         latency, note = await choose_profile(options.profile, source)
         pools = await asyncio.gather(*(kv_pool(i, options) for i in instances))
+        one_block_size(pools, options.prefix_cache)
     except BaseException:
         await asyncio.gather(*(asyncio.to_thread(i.process.stop) for i in instances if i.process))
         raise
     # vLLM plans its own iterations: every mirror learns their speed online, whatever the policy.
-    workers = worker_states(policy, roles, pools, [latency] * len(roles), online=True)
+    # Each mirror models its instance's prefix cache in the instance's own block size (see driver).
+    workers = worker_states(policy, roles, pools, [latency] * len(roles), options.prefix_cache, online=True)
     settings = RouterSettings(options.max_waiting, slo_spec(options), options.max_model_len)
     tokenizer = Tokenizer.from_hf_dir(model_dir)
     router = VllmDriver(policy, workers, instances, tokenizer, latency, settings, metrics,
@@ -125,7 +127,8 @@ def start(options: ServeOptions, roles: list[Role], model_dir: Path, name: str) 
     for i, role in enumerate(roles):
         launch = VllmLaunch(python, str(model_dir), name, role, free_port(), free_port(), cores[i],
                             out / f"vllm-{i}-{role.value}.log", options.dtype, options.max_model_len,
-                            options.max_batched_tokens, nixl_poll_delay_us=options.nixl_poll_delay_us)
+                            options.max_batched_tokens, nixl_poll_delay_us=options.nixl_poll_delay_us,
+                            prefix_cache=options.prefix_cache)
         instances.append(VllmInstance(launch.url, name, VllmProcess.start(launch)))
     return instances
 
@@ -168,6 +171,16 @@ async def kv_pool(instance: VllmInstance, options: ServeOptions) -> tuple[int, i
     if blocks.isdigit() and size.isdigit() and int(blocks) > 0:
         return int(blocks), int(size)
     return options.kv_tokens // options.block_size, options.block_size
+
+
+def one_block_size(pools: list[tuple[int, int]], prefix_cache: bool) -> None:
+    """The router names a prompt's prefix blocks in one block size, the instances' own: with the
+    prefix cache on they must all use the same one."""
+    sizes = sorted({size for _, size in pools})
+    if prefix_cache and len(sizes) > 1:
+        raise ValueError(f"the vLLM instances use different KV block sizes ({', '.join(map(str, sizes))} "
+                         f"tokens), but the router names prompt prefixes in one: start them with the "
+                         f"same --block-size, or serve with --prefix-cache off")
 
 
 def _profile_source(options: ServeOptions, instance: VllmInstance, model_dir: Path) -> ProfileSource:

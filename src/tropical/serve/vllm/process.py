@@ -1,7 +1,10 @@
 """Start one vLLM OpenAI server as a child process: its command line, environment and log.
 
 A worker's role becomes its NIXL connector role (prefill → kv_producer, decode → kv_consumer,
-multiplex → kv_both, since it also prefills locally; colocated → no connector). Each instance is
+multiplex → kv_both, since it also prefills locally; colocated → no connector). Its prefix cache
+is on (vLLM's default, said explicitly) or off as ``--prefix-cache`` says, and its usage reports
+the prompt tokens it found cached (``--enable-prompt-tokens-details``), which is how the router
+learns its hits. Each instance is
 pinned to its own cores through vLLM's CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``) and gets
 its own NIXL side-channel port. The process runs in its own session, so stopping its process
 group stops vLLM's engine-core child too; and it gets SIGTERM if the router dies first (Linux's
@@ -45,6 +48,7 @@ class VllmLaunch:
     max_batched_tokens: int = 2048
     kv_cache_gib: int = KV_CACHE_GIB
     nixl_poll_delay_us: int = 0
+    prefix_cache: bool = True
 
     @property
     def url(self) -> str:
@@ -55,7 +59,8 @@ class VllmLaunch:
                 "--served-model-name", self.served_name, "--dtype", self.dtype,
                 "--max-model-len", str(self.max_model_len),
                 "--max-num-batched-tokens", str(self.max_batched_tokens),
-                "--host", "127.0.0.1", "--port", str(self.port)]
+                "--host", "127.0.0.1", "--port", str(self.port), "--enable-prompt-tokens-details",
+                "--enable-prefix-caching" if self.prefix_cache else "--no-enable-prefix-caching"]
         if self.role in KV_ROLES:
             config = {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[self.role],
                       "kv_buffer_device": "cpu"}

@@ -3,7 +3,8 @@
 Each completion waits ``first_delay`` then sends one token chunk every ``gap`` seconds, so the
 client's TTFT, TPOT and inter-token latency are known in advance. Or it plays ``chunks`` as
 scripted (delay, tokens, text) steps: several tokens in one chunk, chunks with empty text, and
-the token count in each choice when ``state_tokens``. It can also fail on purpose.
+the token count in each choice when ``state_tokens``. Its usage counts ``prompt_tokens`` and, when
+set, ``cached_tokens`` of them found in a prefix cache. It can also fail on purpose.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Script:
     hang_after: int | None = None
     send_done: bool = True
     send_usage: bool = True
+    prompt_tokens: int = 1
+    cached_tokens: int | None = None
     max_model_len: int | None = 4096
     token_text: str = " t{i}"
     chunks: tuple[tuple[float, int, str], ...] | None = None
@@ -65,7 +68,10 @@ async def _tokens(script: Script, count: int) -> AsyncIterator[str]:
             choice["tokens"] = tokens
         yield _event({"object": "text_completion", "model": MODEL, "choices": [choice]})
     if script.send_usage:
-        usage = {"prompt_tokens": 1, "completion_tokens": sum(tokens for _, tokens, _ in steps)}
+        usage: dict = {"prompt_tokens": script.prompt_tokens,
+                       "completion_tokens": sum(tokens for _, tokens, _ in steps)}
+        if script.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": script.cached_tokens}
         yield _event({"choices": [], "usage": usage})
     if script.send_done:
         yield _event("[DONE]")

@@ -92,3 +92,20 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "--rate-scale must be positive" in capsys.readouterr().err
     assert main(["bench", "--url", "http://127.0.0.1:1", "--min-output", "5", "--max-output", "2"]) == 2
     assert "--min-output (5) is above --max-output (2)" in capsys.readouterr().err
+
+
+def test_the_prefix_hit_rate_is_cached_tokens_over_prompt_tokens(fake_server, capsys, tmp_path):
+    url = fake_server(Script(first_delay=0.0, gap=0.0, prompt_tokens=10, cached_tokens=4))
+    code, out = bench(capsys, url, "--json", "--out", str(tmp_path))
+    summary = json.loads(out)
+    assert code == 0 and summary["prefix_hit_rate"] == 0.4 and summary["cached_tokens"] == 6 * 4
+    lines = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [line["cached_tokens"] for line in lines] == [4] * 6
+    assert "40.0% of prompt tokens cached (24 tokens" in bench(capsys, url)[1]
+
+
+def test_a_server_that_reports_no_cached_tokens_has_no_hit_rate(fake_server, capsys):
+    url = fake_server(Script(first_delay=0.0, gap=0.0))
+    summary = json.loads(bench(capsys, url, "--json")[1])
+    assert summary["prefix_hit_rate"] is None and summary["cached_tokens"] == 0
+    assert "the server reported no cached_tokens" in bench(capsys, url)[1]

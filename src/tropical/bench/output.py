@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,12 +31,14 @@ def request_line(planned: PlannedRequest, m: Measurement, req: Request) -> dict[
     path headers when it sent them."""
     done = req.error is None
     line: dict[str, object] = {
-        "id": m.id, "prompt_tokens": m.prompt_len, "max_tokens": m.max_tokens,
+        "id": m.id, "prompt_tokens": m.prompt_len, "prefix_blocks": list(planned.prefix_blocks),
+        "max_tokens": m.max_tokens,
         "capped": planned.capped, "scheduled_s": planned.send_at, "sent_s": m.sent,
         "completion_tokens": m.tokens if done else None, "chunk_times_s": m.chunks,
         "chunk_tokens": m.chunk_tokens if m.counted else None,
         "ttft_s": ttft(req) if done else None, "tpot_s": tpot(req) if done else None,
-        "e2e_s": e2e(req) if done else None, "attained": attains(req), "error": m.error}
+        "e2e_s": e2e(req) if done else None, "attained": attains(req), "error": m.error,
+        "cached_tokens": m.cached_tokens}
     headers = {"path": m.path, "prefill_worker": m.prefill_worker, "reason": m.reason}
     return line | {k: v for k, v in headers.items() if v is not None}
 
@@ -54,9 +57,18 @@ def table(run: BenchRun) -> str:
             f"   failed {s.core.failed}   throughput {s.core.output_tokens_per_s:.0f} tok/s   "
             f"duration {s.duration_s:.1f} s\n"
             f"stalls (chunk gap > 1 s) in {s.stall_share:.1%} of completed requests   longest chunk gap "
-            f"{s.chunk_gap_max_s:.3f} s   tokens per chunk: {_counts_source(s)}")
+            f"{s.chunk_gap_max_s:.3f} s   tokens per chunk: {_counts_source(s)}\n"
+            f"prefix cache: {_hits(s)}")
     failures = [f"failed {n}x: {reason}" for reason, n in sorted(s.failures.items(), key=lambda f: -f[1])]
     return "\n".join([head, render(["metric", "p50", "p90", "p99"], rows), tail, *failures])
+
+
+def _hits(s: BenchSummary) -> str:
+    """The server's prefix-cache hit rate, or that it gave none."""
+    if math.isnan(s.prefix_hit_rate):
+        return "the server reported no cached_tokens"
+    return (f"{s.prefix_hit_rate:.1%} of prompt tokens cached ({s.cached_tokens} tokens, the server's "
+            "cached_tokens)")
 
 
 def _counts_source(s: BenchSummary) -> str:

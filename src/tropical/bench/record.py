@@ -29,7 +29,9 @@ class Measurement:
     ``chunks`` are the arrival times of chunks that carry tokens and ``chunk_tokens`` their token
     counts as the server stated them (None where it did not); ``path``, ``prefill_worker`` and
     ``reason`` are Tropical's ``x-tropical-path`` / ``-prefill-worker`` / ``-reason`` response
-    headers (the policy's decision when the response began), if sent.
+    headers (the policy's decision when the response began), if sent. ``usage_prompt_tokens`` and
+    ``cached_tokens`` are the server's usage: the prompt as it counted it, and the tokens of it
+    its prefix cache held (``prompt_tokens_details.cached_tokens``), if it said.
     """
 
     id: int
@@ -39,6 +41,8 @@ class Measurement:
     chunks: list[float] = field(default_factory=list)
     chunk_tokens: list[int | None] = field(default_factory=list)
     usage_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    cached_tokens: int | None = None
     saw_done: bool = False
     error: str | None = None
     end: float = 0.0

@@ -80,6 +80,12 @@ def _record(m: Measurement, data: str, now: float) -> bool:
     tokens = choices[0].get("tokens") if choices else None
     if choices and tokens != 0:
         m.add_chunk(now, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None)
-    if (event.get("usage") or {}).get("completion_tokens") is not None:
-        m.usage_tokens = event["usage"]["completion_tokens"]
+    usage = event.get("usage") or {}
+    if usage.get("completion_tokens") is not None:
+        m.usage_tokens = usage["completion_tokens"]
+    if usage.get("prompt_tokens") is not None:
+        m.usage_prompt_tokens = usage["prompt_tokens"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is not None:
+        m.cached_tokens = cached
     return True

@@ -1,7 +1,8 @@
-"""Engine speed on this machine: continuous batching vs transformers, decode scaling, prefill FLOP rate.
+"""Engine speed on this machine: continuous batching vs transformers, decode scaling, prefill FLOP rate,
+and what sampling features (logprobs, penalties, bias) cost against plain requests.
 
 Usage: python benchmarks/engine_speed.py [--model smollm2] [--requests 16] [--max-tokens 32] [--repeats 3]
-                                       [--json]
+                                       [--only features] [--json]
 Everything runs side by side in one process on the same weights, and is reported as ratios, so the
 numbers compare with each other rather than with another machine.
 """
@@ -39,6 +40,7 @@ DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DECODE_CONTEXT = 128
 PREFILL_TOKENS = 512
 NO_SLO = SLO(ttft=math.inf, tpot=math.inf)
+GREEDY = SamplingParams()
 
 
 def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -62,13 +64,15 @@ def output_lengths(n: int, mean: int, varied: bool, seed: int = 0) -> list[int]:
 Outputs = list[list[int]]
 
 
-def run_engine(model: LlamaModel, prompts: list[list[int]], lengths: list[int]) -> tuple[float, Outputs]:
-    """(wall seconds, generated ids) through EngineWorker; no eos ids, so every request runs to its length."""
+def run_engine(model: LlamaModel, prompts: list[list[int]], lengths: list[int],
+               params: SamplingParams = GREEDY) -> tuple[float, Outputs]:
+    """(wall seconds, generated ids) through EngineWorker, every request sampled by ``params``; no
+    eos ids, so every request runs to its length."""
     blocks = sum(-(-(len(p) + n) // BLOCK_SIZE) for p, n in zip(prompts, lengths, strict=True)) + len(prompts)
     cache = PagedKVCache(model.config, num_blocks=blocks, block_size=BLOCK_SIZE)
     worker = EngineWorker(model, cache)
     for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
-        worker.submit(Request(i, 0.0, len(prompt), n, NO_SLO), prompt, SamplingParams())
+        worker.submit(Request(i, 0.0, len(prompt), n, NO_SLO), prompt, params)
     outputs: dict[int, list[int]] = {}
     start = time.perf_counter()
     while worker.has_work:
@@ -238,6 +242,33 @@ def prefill_rate(model: LlamaModel, n: int, repeats: int) -> dict[str, float]:
             "linear_fraction": linear / seconds / reference}
 
 
+# ---- 4. sampling features against plain requests ------------------------------------------------
+
+FEATURES = {
+    "plain": GREEDY,
+    "logprobs 5": SamplingParams(logprobs=5),
+    "logprobs 20": SamplingParams(logprobs=20),
+    "penalties": SamplingParams(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2),
+    "bias + min_tokens": SamplingParams(logit_bias=((1, 5.0), (2, -5.0)), min_tokens=8),
+    "temperature 0.8": SamplingParams(temperature=0.8, seed=0),
+}
+
+
+def feature_costs(model: LlamaModel, n: int, mean: int, repeats: int) -> dict[str, float]:
+    """CPU seconds (best of ``repeats`` rounds, the settings alternating within each round; CPU time,
+    as other work on a shared machine stretches wall time) to serve the same requests with each of
+    FEATURES: what a request pays for what it asks."""
+    prompts, lengths = make_prompts(n, model.config.vocab_size), output_lengths(n, mean, False)
+    run_engine(model, prompts[:2], [2, 2])
+    best = dict.fromkeys(FEATURES, math.inf)
+    for _ in range(repeats):
+        for name, params in FEATURES.items():
+            start = time.process_time()
+            run_engine(model, prompts, lengths, params)
+            best[name] = min(best[name], time.process_time() - start)
+    return best
+
+
 # ---- report -------------------------------------------------------------------------------------------
 
 
@@ -267,26 +298,46 @@ def print_tables(tps: dict[str, dict[str, float]], decode: dict[int, float],
           " 'linear only' leaves attention out of the FLOPs but not out of the time)")
 
 
+def print_features(features: dict[str, float], tokens: int) -> None:
+    plain = features["plain"]
+    print(render(["sampling", "engine CPU s", "tok/CPU s", "vs plain"], [
+        [name, f"{s:.2f}", f"{tokens / s:.1f}", f"{s / plain:.3f}x"] for name, s in features.items()
+    ]))
+    print(f"(the same {tokens} output tokens each; time relative to plain requests, same run)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens (the mean when varied)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs of each measurement")
+    parser.add_argument("--only", choices=["features"], help="run this section alone")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     start = time.perf_counter()
     model = load_model(args.model).model
+    features = feature_costs(model, args.requests, args.max_tokens, args.repeats)
+    if args.only == "features":
+        if args.json:
+            print(json.dumps({"model": args.model, "threads": torch.get_num_threads(),
+                              "features_s": features}))
+        else:
+            print_features(features, args.requests * args.max_tokens)
+        return
     tp = throughputs(model, args.requests, args.max_tokens, args.repeats)
     decode = decode_scaling(model, args.repeats)
     prefill = prefill_rate(model, PREFILL_TOKENS, args.repeats)
     wall = time.perf_counter() - start
     if args.json:
         print(json.dumps({"model": args.model, "threads": torch.get_num_threads(), "throughput": tp,
-                          "decode_step_s": decode, "prefill": prefill, "wall_s": wall}))
+                          "decode_step_s": decode, "prefill": prefill, "features_s": features,
+                          "wall_s": wall}))
         return
     print(f"model {args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     print_tables(tp, decode, prefill)
+    print()
+    print_features(features, args.requests * args.max_tokens)
     print(f"\ntotal {wall:.1f} s")
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.factories import linear_model
+from tropical.bench.output import request_line
 from tropical.bench.plan import PlannedRequest
+from tropical.bench.prompts import token_ids
+from tropical.bench.record import Measurement
 from tropical.calibration.store import load_profile
 from tropical.cli import main
 from tropical.core.latency.adjusted import AdjustedModel
@@ -18,6 +22,7 @@ from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import tpot, ttft
 from tropical.core.request import PrefillPath as RequestPath
 from tropical.core.slo import SLO
+from tropical.engine.block_hash import block_hashes
 from tropical.engine.profiler import QUICK, profile_model, write_profile
 from tropical.fidelity.compare import METRICS
 from tropical.fidelity.overheads import (
@@ -27,6 +32,7 @@ from tropical.fidelity.overheads import (
     profile_ratio,
     transfer_scale,
 )
+from tropical.fidelity.replay import load_run
 from tropical.fidelity.run import FidelityConfig
 from tropical.fidelity.twin import ServerShape, simulate_twin
 from tropical.serve.iteration_log import IterationRecord, read_iterations
@@ -154,6 +160,8 @@ def test_the_command_runs_a_policy_live_and_against_its_twin(tmp_path: Path, pro
     assert run["adjustment"]["transfer_scale"] > 0 and run["adjustment"]["profile_ratio"] > 0
     assert (out / "tropical" / "1" / "requests.jsonl").exists()
     assert "Path agreement" in (out / "fidelity.md").read_text()
+    assert run["real_prefix_hit_rate"] is not None and run["sim_prefix_hit_rate"] is not None
+    assert "Prefix cache hits, share of prompt tokens" in (out / "fidelity.md").read_text()
     assert (out / "fidelity.md").read_text().startswith("Host check: this host ran the engine at")
     assert main(["fidelity", "--replay", str(out), "--json"]) == 0
     replayed = json.loads(capsys.readouterr().out)
@@ -232,3 +240,36 @@ def test_the_server_decides_by_the_studys_slos_as_its_twin_does() -> None:
     flags = dict(zip(args[::2], args[1::2], strict=True))
     assert (float(flags["--slo-ttft-ms"]), float(flags["--slo-tpot-ms"])) == (3000.0, 300.0)
     assert flags["--policy"] == "tropical+" and flags["--iteration-log"] == "it.jsonl"
+
+
+def test_the_twin_hits_where_the_clients_prompts_share_blocks() -> None:
+    """Four requests open with the same trace block (512 tokens, cut to their 100-token prompts):
+    each after the first finds the first 96 tokens (6 whole blocks of 16, short of its last token)
+    cached on the one colocated worker; the server names them by the same hashes of the same ids."""
+    shape = replace(SHAPE, workers="colocated", prefix_cache=True)
+    planned = [PlannedRequest(i, 1.0 * i, 100, 3, prefix_blocks=(7,)) for i in range(4)]
+    twin = simulate_twin(planned, SLO(1.0, 0.1), "colocated", shape, linear_model(), seed=3)
+    assert [r.cached for r in twin.requests] == [0, 96, 96, 96]
+    assert twin.summary().prefix_hit_rate == pytest.approx(3 * 96 / 400)
+    assert twin.requests[1].prefix == block_hashes(token_ids(planned[1], 3), 16)
+    alone = [replace(p, prefix_blocks=()) for p in planned]
+    for requests, server in ((alone, shape), (planned, replace(shape, prefix_cache=False))):
+        assert simulate_twin(requests, SLO(1.0, 0.1), "colocated", server, linear_model()).summary(
+            ).prefix_hit_rate == 0
+
+
+def test_the_server_runs_with_the_prefix_cache_the_twin_models() -> None:
+    for on, flag in ((True, "on"), (False, "off")):
+        config = FidelityConfig("p.json", replace(SHAPE, prefix_cache=on))
+        args = config.serve_args("tropical+", Path("it.jsonl"))
+        assert dict(zip(args[::2], args[1::2], strict=True))["--prefix-cache"] == flag
+
+
+def test_a_replay_reads_back_each_prompts_blocks_and_the_servers_hits(tmp_path: Path) -> None:
+    """What the twin of a replayed run shares and what it is compared with come from requests.jsonl."""
+    planned = PlannedRequest(0, 0.5, 100, 3, prefix_blocks=(7, 9))
+    m = Measurement(0, 100, 3, 0.5, [0.7, 0.8, 0.9], [1, 1, 1], 3, saw_done=True, cached_tokens=64)
+    line = request_line(planned, m, m.to_request(SLO(1.0, 0.1)))
+    (tmp_path / "requests.jsonl").write_text(json.dumps(line) + "\n")
+    run = load_run(tmp_path, SLO(1.0, 0.1))
+    assert run.planned[0].prefix_blocks == (7, 9) and run.measured[0].cached_tokens == 64

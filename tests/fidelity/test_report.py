@@ -6,7 +6,15 @@ from dataclasses import replace
 
 from tests.fidelity.test_repeats import run
 from tropical.fidelity.repeats import PolicyRepeats, Spread
-from tropical.fidelity.report import cell, ranking_lines, report, rounds_lines, speed_line, toggle_line
+from tropical.fidelity.report import (
+    cell,
+    hit_rate_line,
+    ranking_lines,
+    report,
+    rounds_lines,
+    speed_line,
+    toggle_line,
+)
 
 
 def repeats(policy: str, real_goodputs: list[float], sim_goodput: float) -> PolicyRepeats:
@@ -90,3 +98,16 @@ def test_report_says_how_fast_the_runs_went_against_the_profile() -> None:
         "disagg 2.40x (2.40x..2.40x); outside 1/1.25..1.25x for disagg: the load is not that of the "
         "profile's host.")
     assert speed_line([fast, slow]) in report([fast, slow])
+
+
+def test_report_sets_the_servers_prefix_hit_rate_beside_the_twins() -> None:
+    chunked = repeats("chunked", [1.0, 1.2], 1.0)
+    chunked = replace(chunked, runs=tuple(replace(c, hit_rate=h) for c, h in zip(chunked.runs, (0.3, 0.4),
+                                                                                  strict=True)))
+    line = hit_rate_line([chunked, repeats("disagg", [1.0], 1.0)])
+    # The twins served requests without prefixes: they predict no hit.
+    assert line == ("Prefix cache hits, share of prompt tokens, live (the server's cached_tokens) / twin: "
+                    "chunked 35.0% (30.0%..40.0%) / 0.0% (-35.0 pp); disagg - (-..-) / 0.0% (-).")
+    assert hit_rate_line([chunked]) in report([chunked])
+    assert chunked.as_dict()["prefix_hit_rate"] == {"real": {"mean": 0.35, "min": 0.3, "max": 0.4},
+                                                    "sim": 0.0}

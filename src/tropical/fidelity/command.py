@@ -28,7 +28,8 @@ def fidelity_main(args: argparse.Namespace) -> int:
         return publish(policies, Path(args.replay), settings, args.json)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shape = ServerShape(args.kv_tokens, 16, args.max_model_len, args.max_batched_tokens, args.workers)
+    shape = ServerShape(args.kv_tokens, 16, args.max_model_len, args.max_batched_tokens, args.workers,
+                        args.prefix_cache == "on")
     cfg = FidelityConfig(args.profile or "", shape, args.model, args.threads,
                          tuple(p.strip() for p in args.policies.split(",") if p.strip()), args.trace,
                          args.limit, args.rate_scale, args.length_scale, args.slo_ttft_ms, args.slo_tpot_ms,

@@ -43,7 +43,9 @@ class Comparison:
     serving overheads the server measured (``speeds``, one per worker: compute and overhead per
     iteration; ``frontend_s`` per request);
     ``paths`` compares the server's path per request with the adjusted twin's; ``profile_ratio``
-    is the run's compute over the profile's prediction for its iterations (overheads.profile_ratio)."""
+    is the run's compute over the profile's prediction for its iterations (overheads.profile_ratio);
+    ``hit_rate`` the share of prompt tokens the server's prefix cache held (its ``cached_tokens``;
+    NaN where it reported none), beside the adjusted twin's ``sim_hit_rate``."""
 
     policy: str
     real: Summary
@@ -56,6 +58,11 @@ class Comparison:
     paths: PathComparison
     drift_ttft_p90_s: tuple[float, ...] = ()
     profile_ratio: float = math.nan
+    hit_rate: float = math.nan
+
+    @property
+    def sim_hit_rate(self) -> float:
+        return self.adjusted.prefix_hit_rate
 
     @property
     def drift_width(self) -> float:
@@ -76,6 +83,7 @@ class Comparison:
                                "frontend_s": self.frontend_s, "speed": _coefficients(a[0].base),
                                "profile_ratio": nullable(self.profile_ratio)},
                 "real_goodput_rps": self.goodput_rps, "sim_goodput_rps": self.sim_goodput_rps,
+                "real_prefix_hit_rate": nullable(self.hit_rate), "sim_prefix_hit_rate": self.sim_hit_rate,
                 "sim_ttft_p90_s_at_drift": dict(zip(map(str, DRIFT), self.drift_ttft_p90_s, strict=False)),
                 "paths": self.paths.as_dict(), "real_completed": self.real.completed,
                 "real_failed": self.real.failed, "sim_paths": self.adjusted.paths}

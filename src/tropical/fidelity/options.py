@@ -29,6 +29,10 @@ def add_fidelity_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-tokens", type=int, default=d.shape.kv_tokens)
     parser.add_argument("--max-model-len", type=int, default=d.shape.max_model_len)
     parser.add_argument("--max-batched-tokens", type=int, default=d.shape.max_batched_tokens)
+    parser.add_argument("--prefix-cache", default="on" if d.shape.prefix_cache else "off",
+                        choices=["on", "off"],
+                        help="the servers' prefix cache (tropical serve --prefix-cache); the twin models it "
+                             "and predicts its hit rate")
     parser.add_argument("--host-check", default="warn", choices=["warn", "match", "skip"],
                         help="with --profile, time the engine on this host first (under a minute) and "
                              f"compare with the profile: warn when it is more than {TOLERANCE}x off, or "

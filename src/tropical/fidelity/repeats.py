@@ -95,9 +95,15 @@ class PolicyRepeats:
     def paths(self) -> PathComparison:
         return merge([c.paths for c in self.runs])
 
+    def hit_rates(self) -> tuple[Spread, float]:
+        """The server's prefix hit rate over the repeats, and the twins' mean."""
+        return Spread.of([c.hit_rate for c in self.runs]), Spread.of([c.sim_hit_rate for c in self.runs]).mean
+
     def as_dict(self) -> dict[str, object]:
         real, sim, err = self.real(), self.sim(), self.errors()
+        live, twin = self.hit_rates()
         return {"policy": self.policy, "repeats": len(self.runs),
+                "prefix_hit_rate": {"real": live.as_dict(), "sim": nullable(twin)},
                 "real": {m: s.as_dict() for m, s in real.items()}, "sim": _nulls(sim),
                 "relative_error": _nulls(err), **_nulls({"ttft_p90_drift_width": self.drift_width()}),
                 "sim_within_spread": {m: real[m].contains(sim[m]) for m in real},

@@ -36,8 +36,9 @@ def replay_study(out: Path) -> tuple[dict[str, Any], list[PolicyRepeats]]:
     """The study recorded in ``out`` priced again, from its settings and every run that finished
     (a run's ``twin.json`` is written last); returns the settings and every policy's repeats."""
     config = json.loads((out / STUDY).read_text())["config"]
+    # Studies from before the prefix cache name none: their servers had none.
     shape = ServerShape(config["kv_tokens"], 16, config["max_model_len"], config["max_batched_tokens"],
-                        config["workers"])
+                        config["workers"], config.get("prefix_cache", "off") == "on")
     slo = SLO(config["slo_ttft_ms"] / 1e3, config["slo_tpot_ms"] / 1e3)
     profile = load_profile(study_profile(config, out))
     policies = []
@@ -91,7 +92,7 @@ def load_run(run_dir: Path, slo: SLO) -> RecordedRun:
     """A run's planned requests and client measurements from its ``requests.jsonl``."""
     lines = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     planned = [PlannedRequest(x["id"], x["scheduled_s"], x["prompt_tokens"], x["max_tokens"],
-                              capped=x["capped"]) for x in lines]
+                              tuple(x.get("prefix_blocks") or ()), x["capped"]) for x in lines]
     return RecordedRun(planned, [_measurement(x) for x in lines], slo)
 
 
@@ -100,5 +101,6 @@ def _measurement(x: dict[str, Any]) -> Measurement:
     counts = x["chunk_tokens"] or [None] * len(chunks)
     end = chunks[-1] if chunks else x["sent_s"]
     return Measurement(x["id"], x["prompt_tokens"], x["max_tokens"], x["sent_s"], chunks, counts,
-                       x["completion_tokens"], x["error"] is None, x["error"], end,
-                       x.get("path"), x.get("prefill_worker"), x.get("reason"))
+                       x["completion_tokens"], saw_done=x["error"] is None, error=x["error"], end=end,
+                       path=x.get("path"), prefill_worker=x.get("prefill_worker"), reason=x.get("reason"),
+                       cached_tokens=x.get("cached_tokens"))

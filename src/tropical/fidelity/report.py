@@ -171,6 +171,19 @@ def spread_line(policies: Sequence[PolicyRepeats]) -> str:
             f"with its speed times {drift}: {widths}.")
 
 
+def hit_rate_line(policies: Sequence[PolicyRepeats]) -> str:
+    """The server's prefix-cache hit rate (its ``cached_tokens`` over prompt tokens) beside the
+    twin's prediction, per policy, and the difference in percentage points."""
+    parts = []
+    for p in policies:
+        live, twin = p.hit_rates()
+        gap = "-" if math.isnan(live.mean) else f"{(twin - live.mean) * 100:+.1f} pp"
+        parts.append(f"{p.policy} {_share(live.mean)} ({_share(live.low)}..{_share(live.high)}) / "
+                     f"{_share(twin)} ({gap})")
+    return ("Prefix cache hits, share of prompt tokens, live (the server's cached_tokens) / twin: "
+            + "; ".join(parts) + ".")
+
+
 def speed_line(policies: Sequence[PolicyRepeats]) -> str:
     """How fast the host ran against the profile, from every run's iteration log: a study whose
     runs were far from it loaded its host otherwise than the profile's host (docs/fidelity.md)."""
@@ -204,7 +217,7 @@ def report(policies: Sequence[PolicyRepeats], host: dict[str, Any] | None = None
         "over 1 s between two chunks, and stream attainment: the SLOs met and no gap over the TBT "
         "SLO), reported beside the numbers above and not in their error:", "",
         numbers_table(policies, (*STREAM_METRICS, STREAM_GOODPUT)), "",
-        spread_line(policies), speed_line(policies), "",
+        spread_line(policies), speed_line(policies), "", hit_rate_line(policies), "",
         f"Path agreement: {paths.same} of {paths.compared} requests ({_share(path_agreement(policies))}) "
         "took the same path live and in the twin.", "",
         paths_table(policies), "",

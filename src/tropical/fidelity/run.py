@@ -12,6 +12,7 @@ from tropical.bench.config import BenchConfig
 from tropical.bench.plan import PlannedRequest
 from tropical.bench.record import Measurement
 from tropical.bench.run import BenchRun, run_bench
+from tropical.bench.summary import hit_rate
 from tropical.calibration.store import load_profile
 from tropical.core.gaps import GapHistogram
 from tropical.core.latency.adjusted import AdjustedModel
@@ -40,11 +41,12 @@ class FidelityConfig:
     """One study: the model and its profile, the server's shape, the workload, the policies.
     The defaults are the published accuracy study (docs/fidelity.md: short prompts, so queues stay
     short on a host as fast as the profile's), so `tropical fidelity --profile P --repeats 3` reruns it; the
-    toggle's win is a second setting (benchmarks/live_win.sh)."""
+    toggle's win is a second setting (benchmarks/live_win.sh). The servers keep their prefix cache
+    (their default), and the twins model it."""
 
     profile: str
     shape: ServerShape = ServerShape(kv_tokens=16384, block_size=16, max_model_len=2048,
-                                     max_batched_tokens=2048)
+                                     max_batched_tokens=2048, prefix_cache=True)
     model: str = "smollm2"
     threads: int = 1
     policies: tuple[str, ...] = ("colocated", "chunked", "disagg", "tropical", "tropical+")
@@ -89,7 +91,7 @@ def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison,
     speeds = (measured_speed(profile, records, workers, transfer_scale(profile, totals)) if records
               else [adjusted(profile, totals)] * workers)
     frontend = frontend_latency(totals, real.summary.core.ttft.mean)
-    recorded = RecordedRun(real.planned, real.measurements, real.config.slo)
+    recorded = RecordedRun(real.planned, real.measurements, real.config.slo, cfg.seed)
     ratio = profile_ratio(profile, records)
     return price_run(recorded, policy, cfg.shape, profile, speeds, frontend, ratio), real
 
@@ -97,11 +99,12 @@ def run_policy(cfg: FidelityConfig, policy: str, log: Path) -> tuple[Comparison,
 @dataclass(frozen=True, slots=True)
 class RecordedRun:
     """What a live run leaves to compare its twin with: the requests planned and what the client
-    measured of each, under the run's SLOs."""
+    measured of each, under the run's SLOs; ``seed`` made the prompts' token ids."""
 
     planned: Sequence[PlannedRequest]
     measured: Sequence[Measurement]
     slo: SLO
+    seed: int = 0
 
 
 def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: LatencyModel,
@@ -110,19 +113,21 @@ def price_run(run: RecordedRun, policy: str, shape: ServerShape, profile: Latenc
     (one per worker) and ``frontend`` latency; both decide with ``profile``, as the server did.
     ``ratio``: the run's compute over the profile's prediction (``profile_ratio``).
     The measured twin runs again at each ``DRIFT`` of its speeds, for the P90 TTFT that a
-    repeat's speed alone would move."""
+    repeat's speed alone would move. The server's prefix hit rate (its ``cached_tokens``) is set
+    beside the twin's."""
     real = [m.to_request(run.slo) for m in run.measured]
     gaps = GapHistogram()
     for m in run.measured:
         for gap in m.itls() if m.error is None else ():
             gaps.add(gap)
-    bare = simulate_twin(run.planned, run.slo, policy, shape, profile)
-    modeled = simulate_twin(run.planned, run.slo, policy, shape, speeds, frontend, profile)
+    bare = simulate_twin(run.planned, run.slo, policy, shape, profile, seed=run.seed)
+    modeled = simulate_twin(run.planned, run.slo, policy, shape, speeds, frontend, profile, run.seed)
     drift = tuple(simulate_twin(run.planned, run.slo, policy, shape, [AdjustedModel(s, f) for s in speeds],
-                                frontend, profile).summary().ttft.p90 for f in DRIFT)
+                                frontend, profile, run.seed).summary().ttft.p90 for f in DRIFT)
+    reported = [m for m in run.measured if m.error is None and m.cached_tokens is not None]
     return Comparison(policy, summarize(real, gaps), bare.summary(), modeled.summary(), tuple(speeds),
                       frontend, goodput(real), goodput(modeled.requests),
-                      compare_paths(run.measured, modeled.requests), drift, ratio)
+                      compare_paths(run.measured, modeled.requests), drift, ratio, hit_rate(reported))
 
 
 def run_study(cfg: FidelityConfig, logs: Path, progress: Callable[[str], None] = lambda _: None,

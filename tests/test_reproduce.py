@@ -28,6 +28,7 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     assert all(result["stream_capacity_rps"][p] <= result["capacity_rps"][p] for p in policies)
     assert result["bound_rps"] > 0     # a finite slice may be served past it (the report shows deferral)
     assert 0 < result["pooled_bound_rps"] <= result["bound_rps"]    # the trace's bursts kept
+    assert 0 < result["kserver_bound_rps"] <= result["bound_rps"]   # each prompt on one worker
     assert set(result["prefix_hit_rate"]) == policies                # the cache is on by default
     ideal = result["ideal_prefix_hit_rate"]["infinite"]
     assert all(0 <= h <= ideal for h in result["prefix_hit_rate"].values())
@@ -56,8 +57,10 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     assert slo_bounds["TPOT 1.5x, TTFT 5x"] <= slo_bounds["TPOT 3x, TTFT 5x"]  # tight TPOT, small batches
     pooled = sensitivity["trace"]["pooled_bound_rps"]
     assert all(0 < pooled[t] <= sensitivity["trace"]["bound_rps"][t] for t in pooled)
+    assert set(sensitivity["trace"]["kserver_bound_rps"]) == set(pooled)
     report = (out / "report.md").read_text()
-    for heading in ("Goodput capacity", "Work bound", "Pooled bound", "of work / pooled bound",
+    for heading in ("Goodput capacity", "Work bound", "Pooled bound", "K-server bound",
+                    "of work / k-server / pooled bound",
                     "work bound (most vs best baseline)", "pooled bound (most vs best baseline)",
                     "Headroom in the sensitivity rows", "work queued at last arrival",
                     "Past capacity: goodput under each admission mode",

@@ -41,8 +41,8 @@ def capacity_section(rep: Reproduction) -> str:
             for p, c in rep.capacity.items()]
     b = rep.bound
     return ("## Goodput capacity (≥ 90% of requests attain)\n\n"
-            + _table(["policy", "capacity (req/s)", "of work / pooled bound", "vs best baseline",
-                      "stream capacity (req/s)", "of work / pooled bound", "vs best baseline",
+            + _table(["policy", "capacity (req/s)", "of work / k-server / pooled bound", "vs best baseline",
+                      "stream capacity (req/s)", "of work / k-server / pooled bound", "vs best baseline",
                       "dispatch"], rows)
             + f"\n\nBest baseline: **{rep.best_baseline}** (paper's metric), "
             f"**{rep.best_stream_baseline}** (stream attainment), the best of every baseline "
@@ -55,7 +55,10 @@ def capacity_section(rep: Reproduction) -> str:
             "TTFT SLO with the trace's bursts kept, on an ideal cluster: every worker pooled into "
             "one server that many times as fast, prompts earliest deadline first, one that can no "
             "longer make it yielding, decodes as a steady tax at the work bound's cost (an ideal "
-            "to measure against, not a proof).\n")
+            f"to measure against, not a proof). K-server bound: **{rep.kserver_rps:.3f} req/s**, the "
+            "same with one server per worker at a worker's speed, each prompt on one server at a "
+            "time: the ideal for policies that run a prompt on one worker (the gap up to the pooled "
+            "bound is what splitting a prompt's prefill across workers could win).\n")
 
 
 def prefix_section(rep: Reproduction) -> str:
@@ -90,18 +93,20 @@ def paper_setting_section(rep: Reproduction) -> str:
     study = rep.paper
     (variant, caps), = study.capacity.items()
     ratios, streams = study.ratios()[variant], study.ratios(stream=True)[variant]
-    bound, pooled = study.bound[variant], study.pooled[variant]
-    rows = [[p, f"{c:.3f}", f"{c / bound:.0%} / {ratio(c, pooled):.0%}", f"{ratios[p]:.2f}x",
+    bound, pooled, kserver = study.bound[variant], study.pooled[variant], study.kserver[variant]
+    rows = [[p, f"{c:.3f}", f"{c / bound:.0%} / {ratio(c, kserver):.0%} / {ratio(c, pooled):.0%}",
+             f"{ratios[p]:.2f}x",
              f"{study.stream[variant][p]:.3f}", f"{streams[p]:.2f}x"] for p, c in caps.items()]
     return ("## The paper's setting: no prefix cache\n\n"
-            + _table(["policy", "capacity (req/s)", "of work / pooled bound", "vs best baseline",
+            + _table(["policy", "capacity (req/s)", "of work / k-server / pooled bound", "vs best baseline",
                       "stream capacity (req/s)", "vs best baseline"], rows)
-            + f"\n\nEvery prompt computed whole, as in the paper: work bound {bound:.3f} req/s, pooled "
-            f"bound {pooled:.3f} req/s.\n\n![capacities](capacities.png)\n")
+            + f"\n\nEvery prompt computed whole, as in the paper: work bound {bound:.3f} req/s, k-server "
+            f"bound {kserver:.3f} req/s, pooled bound {pooled:.3f} req/s.\n\n![capacities](capacities.png)\n")
 
 
 def _shares(rep: Reproduction, rate: float) -> str:
-    return f"{rep.bound.share(rate):.0%} / {ratio(rate, rep.pooled_rps):.0%}"
+    return (f"{rep.bound.share(rate):.0%} / {ratio(rate, rep.kserver_rps):.0%} / "
+            f"{ratio(rate, rep.pooled_rps):.0%}")
 
 
 def deferral_section(rep: Reproduction) -> str:
@@ -149,6 +154,7 @@ def study_section(study: Study) -> str:
                       key=lambda p: (not is_baseline(p), p))
     rows = [[variant, f"{study.bound[variant]:.3f} ({study.headroom(variant):.2f}x / "
                       f"{study.headroom(variant, stream=True):.2f}x)",
+             f"{study.kserver[variant]:.3f}",
              f"{study.pooled[variant]:.3f} ({study.headroom(variant, pooled=True):.2f}x / "
              f"{study.headroom(variant, stream=True, pooled=True):.2f}x)"]
             + [f"{caps[p]:.3f} ({ratios[variant][p]:.2f}x) / "
@@ -159,7 +165,7 @@ def study_section(study: Study) -> str:
             "paper's metric / under stream attainment. The work bound's ratio is the most any policy "
             "could reach over the row's best baseline without deferring work; the pooled bound's, "
             "the most an ideal cluster reaches with the trace's bursts kept.\n\n"
-            + _table([study.title, "work bound (most vs best baseline)",
+            + _table([study.title, "work bound (most vs best baseline)", "k-server bound",
                       "pooled bound (most vs best baseline)", *policies], rows) + "\n"
             + "".join(f"\n*{variant}*: {note}.\n" for variant, note in study.notes.items()))
 
@@ -196,7 +202,9 @@ def _bound_sentence(rep: Reproduction) -> str:
             f"share is `{top}`'s {shares[top]:.0%}. The pooled bound, with the trace's bursts kept, "
             f"is {rep.pooled_rps:.3f} req/s ({ratio(rep.pooled_rps, rep.bound.rate_rps):.0%} of the "
             f"work bound): the best baseline reaches {pooled[best]:.0%} of it, `tropical+` "
-            f"{pooled['tropical+']:.0%}.")
+            f"{pooled['tropical+']:.0%}. The k-server bound, each prompt on one worker, is "
+            f"{rep.kserver_rps:.3f} req/s: `tropical+` reaches "
+            f"{ratio(rep.capacity['tropical+'].capacity_rps, rep.kserver_rps):.0%} of it.")
 
 
 def _reuse_sentences(rep: Reproduction) -> list[str]:

@@ -7,54 +7,22 @@ fast (one prompt may use all of them at once), no interference and no migration,
 steady tax at the work bound's cost, and prompts served preemptively, earliest TTFT deadline
 first, a prompt that can no longer meet its deadline yielding to every other (it still runs, in
 time nobody else wants). Its capacity is the highest rate at which the target share of requests
-meets its TTFT SLO, never above the work bound. It is an ideal to measure policies against
-rather than a proof: deadline order does not always meet the most deadlines.
+meets its TTFT SLO, never above the work bound. The k-server bound is the same with one server
+per worker at a worker's speed, each prompt on one server at a time (``core.kserver``): the ideal
+for policies that run each prompt on one worker. Both are ideals to measure policies against
+rather than proofs: deadline order does not always meet the most deadlines.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tropical.core.capacity import find_capacity
+from tropical.core.kserver import Job, deadline_attainment
 from tropical.core.slo import SLO
 from tropical.sim.bound import Work, WorkBound, bound_from, cluster_works
 from tropical.sim.ideal_cache import FURTHEST, ideal_hits
 from tropical.sim.run import Experiment, request_slos
-
-
-def deadline_attainment(jobs: Sequence[tuple[float, float, float]], speed: float) -> float:
-    """Share of ``jobs`` (arrival, work in seconds of one worker, deadline) done by their deadline
-    on one preemptive server doing ``speed`` seconds of work per second, earliest deadline
-    first, a job that can no longer make it yielding to every other."""
-    if not jobs:
-        raise ValueError("deadline attainment needs at least one job")
-    if speed <= 0:
-        return 0.0
-    order = sorted(jobs)
-    left = [work for _, work, _ in order]
-    queue: list[tuple[float, int]] = []
-    now, met, k = 0.0, 0, 0
-    while k < len(order) or queue:
-        if not queue:
-            now = max(now, order[k][0])
-        while k < len(order) and order[k][0] <= now:
-            heapq.heappush(queue, (order[k][2], k))
-            k += 1
-        deadline, i = queue[0]
-        done = now + left[i] / speed
-        following = order[k][0] if k < len(order) else math.inf
-        if done > deadline:                    # it yields: it counts as missed either way
-            heapq.heappop(queue)
-        elif done <= following:
-            heapq.heappop(queue)
-            met, now = met + 1, done
-        else:
-            left[i] -= (following - now) * speed
-            now = following
-    return met / len(order)
 
 
 def cache_hits(exp: Experiment, kv_limited: bool = False, eviction: str = FURTHEST) -> list[int] | None:
@@ -91,7 +59,11 @@ class PooledCluster:
                    sum(total / sum(w.total for w in works) for works, _ in parts),
                    sum(w.decode for w in reference) / len(reference))
 
-    def jobs(self, rate: float) -> list[tuple[float, float, float]]:
+    @property
+    def workers(self) -> int:
+        return len(self.exp.cluster.workers)
+
+    def jobs(self, rate: float) -> list[Job]:
         """Every prompt at ``rate`` req/s: (arrival, prefill work alone, TTFT deadline)."""
         scale = rate / self.exp.trace.mean_rate
         return [(e.arrival / scale, w.prefill, e.arrival / scale + slo.ttft)
@@ -101,16 +73,21 @@ class PooledCluster:
         """What the pooled server has left for prompts at ``rate`` req/s, decodes paid."""
         return self.speed - rate * self.decode
 
-    def attainment(self, rate: float) -> float:
-        """Share of prompts the pooled server serves within their TTFT SLO at ``rate`` (none at
-        or past the work bound)."""
+    def attainment(self, rate: float, servers: int = 1) -> float:
+        """Share of prompts served within their TTFT SLO at ``rate`` (none at or past the work
+        bound) by the pooled server, or with ``servers`` > 1 by that many servers sharing its
+        speed, each prompt on one at a time (see ``core.kserver``)."""
         if rate >= self.bound.rate_rps:
             return 0.0
-        return deadline_attainment(self.jobs(rate), self.prefill_speed(rate))
+        return deadline_attainment(self.jobs(rate), self.prefill_speed(rate) / servers, servers)
 
-    def capacity(self, target: float = 0.9, rel_tol: float = 0.02) -> float:
-        """The pooled bound, in requests per second."""
+    def capacity(self, target: float = 0.9, rel_tol: float = 0.02, servers: int = 1) -> float:
+        """The pooled bound (one server), or with ``servers`` the k-server bound, in req/s."""
         mean = self.exp.trace.mean_rate
-        found = find_capacity(lambda scale: self.attainment(scale * mean), target=target,
+        found = find_capacity(lambda scale: self.attainment(scale * mean, servers), target=target,
                               rel_tol=rel_tol, start=self.bound.rate_rps / mean / 2)
         return found.rate_scale * mean
+
+    def kserver_capacity(self, target: float = 0.9, rel_tol: float = 0.02) -> float:
+        """The k-server bound: one server per worker at the worker's share of the pooled speed."""
+        return self.capacity(target, rel_tol, self.workers)

@@ -67,14 +67,15 @@ SHORT_PROMPTS = 0.25
 class Study:
     """Capacities (req/s) of some policies under named variants of one setting, under the
     paper's attainment (``capacity``) and stream attainment (``stream``), and each variant's
-    work bound (``bound``) and pooled bound (``pooled``), in req/s; ``notes`` says why a
-    variant's prompts reuse no cached prefix (see ``prefix_note``)."""
+    work bound (``bound``), pooled bound (``pooled``) and k-server bound (``kserver``), in req/s;
+    ``notes`` says why a variant's prompts reuse no cached prefix (see ``prefix_note``)."""
 
     title: str
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
     stream: dict[str, dict[str, float]] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     pooled: dict[str, float] = field(default_factory=dict)
+    kserver: dict[str, float] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
 
     def ratios(self, stream: bool = False) -> dict[str, dict[str, float]]:
@@ -97,7 +98,11 @@ class Study:
 
     def as_dict(self) -> dict[str, Any]:
         return {"capacity_rps": self.capacity, "stream_capacity_rps": self.stream,
-                "bound_rps": self.bound, "pooled_bound_rps": self.pooled}
+                "bound_rps": self.bound, "pooled_bound_rps": self.pooled, "kserver_bound_rps": self.kserver}
+
+    def add_bounds(self, variant: str, cluster: PooledCluster) -> None:
+        self.bound[variant], self.pooled[variant] = cluster.bound.rate_rps, cluster.capacity()
+        self.kserver[variant] = cluster.kserver_capacity()
 
 
 def baselines(workers: int, cache: bool = True) -> tuple[str, ...]:
@@ -178,6 +183,7 @@ class Reproduction:
     ideal_bound: dict[str, float] = field(default_factory=dict)
     reuse_bound: dict[str, float] = field(default_factory=dict)
     overload: Overload | None = None
+    kserver_rps: float = 0.0
 
     @property
     def best_baseline(self) -> str:
@@ -204,6 +210,7 @@ class Reproduction:
             "stream_ratio_vs_best_baseline": self.stream_ratio_vs_best_baseline(),
             "bound_rps": self.bound.rate_rps,
             "pooled_bound_rps": self.pooled_rps,
+            "kserver_bound_rps": self.kserver_rps,
             "prefix_cache": self.base.prefix_cache,
             "prefix_hit_rate": {p: a.result.summary.prefix_hit_rate for p, a in self.at_own.items()},
             "ideal_prefix_hit_rate": self.ideal_hit_rate,
@@ -253,7 +260,8 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
                         {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity(),
                         paper_setting(base, processes, label) if cached else None,
                         *(ideal_caches(base) if cached else ({}, {})),
-                        {p: bound_at_reuse(runs[(p, "own")]) for p in names} if cached else {}, past)
+                        {p: bound_at_reuse(runs[(p, "own")]) for p in names} if cached else {}, past,
+                        pooled.kserver_capacity())
 
 
 def bound_at_reuse(run: SimResult) -> float:
@@ -294,8 +302,7 @@ def paper_setting(base: Experiment, processes: int, label: str | None) -> Study:
     found = capacities({p: plain.with_policy(p) for p in names}, processes=processes, progress=label)
     for p, cap in found.items():
         study.add(PAPER_SETTING, p, cap)
-    pooled = PooledCluster.of(plain)
-    study.bound[PAPER_SETTING], study.pooled[PAPER_SETTING] = pooled.bound.rate_rps, pooled.capacity()
+    study.add_bounds(PAPER_SETTING, PooledCluster.of(plain))
     return study
 
 
@@ -366,8 +373,7 @@ def _studies(base: Experiment, caps: dict[str, PolicyCapacity], slice_of: Callab
         study.add(variant, policy, cap)
         if variant not in study.bound:
             exp = jobs[(title, variant, policy)]
-            cluster = PooledCluster.of(exp)
-            study.bound[variant], study.pooled[variant] = cluster.bound.rate_rps, cluster.capacity()
+            study.add_bounds(variant, PooledCluster.of(exp))
             if exp.prefix_cache and (note := prefix_note(exp)):
                 study.notes[variant] = note
     reference = f"±{0:.0%}"

@@ -84,6 +84,14 @@ def test_json_object_gives_a_json_object(tiny: Tokenizer, seed: int) -> None:
     assert isinstance(json.loads(text), dict)
 
 
+def test_without_any_whitespace_the_json_is_compact(tiny: Tokenizer) -> None:
+    grammar = compile_format(person_format(), tiny, any_whitespace=False)
+    assert grammar is not None
+    for seed in (None, 0, 1):
+        text = tiny.decode(walk(grammar(), tiny.vocab_size, tiny.eos_token_ids, seed))
+        assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+
+
 def test_text_asks_for_no_grammar(tiny: Tokenizer) -> None:
     assert compile_format({"type": "text"}, tiny) is None
 

@@ -85,16 +85,18 @@ class CompiledFormat:
         return JsonMatcher(self.prototype.deep_copy(), np.empty(self.words, dtype="<i4"))
 
 
-def compile_format(value: Any, tokenizer: Tokenizer, vocab_size: int | None = None) -> CompiledFormat | None:
+def compile_format(value: Any, tokenizer: Tokenizer, vocab_size: int | None = None,
+                   any_whitespace: bool = True) -> CompiledFormat | None:
     """The grammar of a ``response_format`` value, None for plain text; raises an APIError (400,
-    naming response_format) when it is not a format or its schema is not one llguidance can follow."""
+    naming response_format) when it is not a format or its schema is not one llguidance can follow.
+    ``any_whitespace``: allow whitespace between JSON tokens, as vLLM does by default; False is
+    vLLM's ``disable_any_whitespace`` (compact JSON: a weak model cannot loop on whitespace)."""
     schema = json_schema(value)
     if schema is None:
         return None
     vocabulary = grammar_vocabulary(tokenizer, vocab_size)
     try:
-        # vLLM's default for llguidance's JSON compiler (its disable_any_whitespace unset)
-        grammar = LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": True})
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": any_whitespace})
     except (ValueError, TypeError) as e:
         raise invalid(FIELD, f"response_format's schema is not valid JSON Schema: {e}") from None
     matcher = LLMatcher(vocabulary.tokenizer, grammar, log_level=0)

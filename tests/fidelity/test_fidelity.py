@@ -273,3 +273,8 @@ def test_a_replay_reads_back_each_prompts_blocks_and_the_servers_hits(tmp_path: 
     (tmp_path / "requests.jsonl").write_text(json.dumps(line) + "\n")
     run = load_run(tmp_path, SLO(1.0, 0.1))
     assert run.planned[0].prefix_blocks == (7, 9) and run.measured[0].cached_tokens == 64
+
+
+def test_prompts_cut_to_a_length_keep_the_traces_shared_blocks() -> None:
+    bench = FidelityConfig("p.json", SHAPE, max_input=1024, max_output=8).bench("http://x")
+    assert (bench.max_input, bench.max_output) == (1024, 8)

@@ -33,7 +33,7 @@ def fidelity_main(args: argparse.Namespace) -> int:
     cfg = FidelityConfig(args.profile or "", shape, args.model, args.threads,
                          tuple(p.strip() for p in args.policies.split(",") if p.strip()), args.trace,
                          args.limit, args.rate_scale, args.length_scale, args.slo_ttft_ms, args.slo_tpot_ms,
-                         repeats=args.repeats)
+                         repeats=args.repeats, max_input=args.max_input, max_output=args.max_output)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "replay")}
     if not args.profile:
         cfg = replace(cfg, profile=str(measure_profile(args.model, args.threads, args.profile_grid,

@@ -22,6 +22,9 @@ def add_fidelity_options(parser: argparse.ArgumentParser) -> None:
                         help="live runs per policy; real numbers are reported as mean (min..max) over them")
     parser.add_argument("--rate-scale", type=float, default=d.rate_scale)
     parser.add_argument("--length-scale", type=float, default=d.length_scale)
+    parser.add_argument("--max-input", type=int, help="cut prompts to this many tokens after the length "
+                        "scale (they keep the trace's shared prefix blocks, which a length scale drops)")
+    parser.add_argument("--max-output", type=int, help="cut outputs to this many tokens")
     parser.add_argument("--slo-ttft-ms", type=float, default=d.slo_ttft_ms)
     parser.add_argument("--slo-tpot-ms", type=float, default=d.slo_tpot_ms)
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker")

@@ -42,7 +42,8 @@ class FidelityConfig:
     The defaults are the published accuracy study (docs/fidelity.md: short prompts, so queues stay
     short on a host as fast as the profile's), so `tropical fidelity --profile P --repeats 3` reruns it; the
     toggle's win is a second setting (benchmarks/live_win.sh). The servers keep their prefix cache
-    (their default), and the twins model it."""
+    (their default), and the twins model it; prompts cut to ``max_input`` keep the trace's shared
+    prefix blocks, where ``length_scale`` drops them (scaled prompts no longer match them)."""
 
     profile: str
     shape: ServerShape = ServerShape(kv_tokens=16384, block_size=16, max_model_len=2048,
@@ -58,6 +59,8 @@ class FidelityConfig:
     slo_tpot_ms: float = 300.0
     seed: int = 0
     repeats: int = 1
+    max_input: int | None = None
+    max_output: int | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -65,7 +68,8 @@ class FidelityConfig:
 
     def bench(self, url: str) -> BenchConfig:
         return BenchConfig(url, self.trace, self.rate_scale, self.length_scale, self.limit, seed=self.seed,
-                           slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms, timeout=300.0)
+                           slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms, timeout=300.0,
+                           max_input=self.max_input, max_output=self.max_output)
 
     def serve_args(self, policy: str, iteration_log: Path) -> list[str]:
         """The server gets the study's SLOs too: the toggle decides by them, as its twin does; it

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
-from tropical.serve.http.values import invalid, shown
+from tropical.serve.http.values import APIError, invalid, shown
 
 if TYPE_CHECKING:  # the tokenizer's module loads torch (GGUF vocabularies); this needs only its type
     from tropical.engine.tokenizer import Tokenizer
@@ -98,11 +98,10 @@ def compile_format(value: Any, tokenizer: Tokenizer, vocab_size: int | None = No
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": any_whitespace})
     except (ValueError, TypeError) as e:
-        raise invalid(FIELD, f"response_format's schema is not valid JSON Schema: {e}") from None
+        raise unusable(str(e)) from None
     matcher = LLMatcher(vocabulary.tokenizer, grammar, log_level=0)
     if matcher.is_error():
-        raise invalid(FIELD, f"response_format's schema is not valid JSON Schema: "
-                             f"{first_line(matcher.get_error())}")
+        raise unusable(first_line(matcher.get_error()))
     return CompiledFormat(matcher, vocabulary.words)
 
 
@@ -144,6 +143,13 @@ def grammar_vocabulary(tokenizer: Tokenizer, vocab_size: int | None = None) -> G
     vocabulary = GrammarVocabulary.of(tokenizer, vocab_size)
     _VOCABULARIES[key] = (weakref.ref(tokenizer), vocabulary)
     return vocabulary
+
+
+def unusable(reason: str) -> APIError:
+    """A schema llguidance refuses: not JSON Schema, or keywords it cannot enforce (``uniqueItems``,
+    ``not``, ``if``/``then``, ``contains``, ...; vLLM's guidance backend refuses them too)."""
+    return invalid(FIELD, f"response_format's schema is not valid JSON Schema or uses keywords this server "
+                          f"cannot enforce: {reason}")
 
 
 def first_line(message: str) -> str:

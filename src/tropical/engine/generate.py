@@ -6,21 +6,27 @@ requests is the worker loop's job.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
+from tropical.core.request import Request
+from tropical.core.slo import SLO
 from tropical.engine.batch import FlatBatch, Span
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.loader import LoadedModel
-from tropical.engine.sampling import SamplingParams, sample, step_generator
+from tropical.engine.sampling import SamplingParams, sample_rows
+from tropical.sched.step import TokenSequence, record_tokens
 
 BLOCK_SIZE = 16
 SEQ_ID = 0
+NO_SLO = SLO(ttft=math.inf, tpot=math.inf)
 
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """`token_ids` are the generated ids (an eos id is not included); `text` is trimmed at a stop string."""
+    """`token_ids` are the generated ids (an eos or stop token id is not included); `text` is trimmed
+    at a stop string."""
 
     text: str
     token_ids: list[int]
@@ -65,24 +71,24 @@ def encode_prompt(loaded: LoadedModel, prompt: str, chat: bool) -> list[int]:
 def _decode_loop(
     loaded: LoadedModel, prompt_ids: list[int], budget: int, params: SamplingParams, stops: list[str]
 ) -> tuple[list[int], Literal["stop", "length"]]:
-    """Generated ids and why generation ended; the eos id that ends it is dropped."""
+    """Generated ids and why generation ended; the eos or stop token id that ends it is dropped.
+    The sampling features (penalties, bias, min_tokens, stop token ids) apply as in a worker."""
     device = next(loaded.model.parameters()).device
     dtype = next(loaded.model.parameters()).dtype
     blocks = -(-(len(prompt_ids) + budget) // BLOCK_SIZE)
     cache = PagedKVCache(loaded.config, blocks, BLOCK_SIZE, dtype=dtype, device=device)
-    eos = set(loaded.tokenizer.eos_token_ids)
+    eos = frozenset(loaded.tokenizer.eos_token_ids)
+    seq = TokenSequence(Request(SEQ_ID, 0.0, len(prompt_ids), budget, NO_SLO), list(prompt_ids), params)
     span = Span(SEQ_ID, prompt_ids, 0)
-    ids: list[int] = []
-    while len(ids) < budget:
+    while len(seq.output) < budget:
         logits = loaded.model(FlatBatch.build([span], cache), cache)
-        token = sample(logits, [params], [step_generator(params, len(ids), device)])[0]
-        if token in eos:
-            return ids, "stop"
-        ids.append(token)
-        if stops and trim_at_stop(loaded.tokenizer.decode(ids), stops)[1]:
-            return ids, "stop"
+        token = sample_rows(logits, [seq.row(len(seq.output), eos)])[0][0]
+        if record_tokens({SEQ_ID: token}, {SEQ_ID: seq}, eos):
+            return seq.output[:-1], "stop"
+        if stops and trim_at_stop(loaded.tokenizer.decode(seq.output), stops)[1]:
+            return seq.output, "stop"
         span = Span(SEQ_ID, [token], span.total)
-    return ids, "length"
+    return seq.output, "length"
 
 
 def trim_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:

@@ -201,7 +201,9 @@ def assert_consistent(worker: WorkerState, live: dict[int, Request]) -> None:
     assert set(cache.refs) <= set(live) and set(worker.holds) <= set(live)
     assert set(referenced) <= set(cache.entries), "a block a live request references was evicted"
     assert all(entry.refs == referenced[key] for key, entry in cache.entries.items())
-    assert set(cache.lru) == {key for key, entry in cache.entries.items() if entry.refs == 0}
+    order = cache.eviction_order()
+    assert len(order) == len(set(order)), "a block queued twice for eviction"
+    assert set(order) == {key for key, entry in cache.entries.items() if entry.refs == 0}
     assert cache.free_blocks == sum(e.blocks for e in cache.entries.values() if e.refs == 0)
     assert kv.used_blocks == (sum(worker.holds.values())
                               + sum(e.blocks for e in cache.entries.values() if e.refs))

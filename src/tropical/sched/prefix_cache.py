@@ -13,7 +13,7 @@ cache which blocks a request shares and which it may evict.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -24,13 +24,30 @@ RUNS_KEPT = 4096
 """Lookups a cache keeps walked at most (a router that prices every request on every worker
 would otherwise keep one per request it ever priced)."""
 
+STALE_SLACK = 64
+"""Freed runs the eviction order may hold beyond twice the cached blocks before it drops the
+blocks referenced again since (a cache that never evicts would otherwise queue a run per
+release for ever)."""
+
 
 @dataclass(slots=True)
 class CachedBlock:
-    """One cached prefix block: the KV blocks it fills and the requests here that reference it."""
+    """One cached prefix block: the KV blocks it fills, the requests here that reference it, and
+    the release that last left it unreferenced (its place in the eviction order)."""
 
     blocks: int
     refs: int = 0
+    freed: int = 0
+
+
+@dataclass(slots=True)
+class FreedRun:
+    """The blocks one release (numbered ``mark``) left unreferenced, head to tail: evicted from
+    the end. A block whose ``freed`` is no longer ``mark``, or that is referenced, is not here
+    any more."""
+
+    mark: int
+    keys: list[int]
 
 
 @dataclass(slots=True)
@@ -48,8 +65,9 @@ class CachedRun:
 @dataclass(slots=True)
 class PrefixCache:
     """The prefix blocks one worker holds, who references them, and the eviction order of the
-    unreferenced ones. ``free_blocks`` counts the KV blocks of unreferenced cached prefix blocks
-    (free KV that still serves hits); ``held`` the KV blocks each request here references;
+    unreferenced ones (``freed_runs``, oldest first). ``free_blocks`` counts the KV blocks of
+    unreferenced cached prefix blocks (free KV that still serves hits); ``held`` the KV blocks
+    each request here references; ``releases`` numbers the releases of referencing requests.
     ``evictions`` counts keys that left: until one does, a run found earlier can only grow, so a
     lookup goes on from its last walk instead of starting over (and, while ``stores``, the keys
     that entered, stays the same, has nothing to walk). A ``directory`` shared by the fleet
@@ -59,12 +77,13 @@ class PrefixCache:
     directory: PrefixDirectory | None = None
     owner: int = 0
     entries: dict[int, CachedBlock] = field(default_factory=dict)
-    lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    freed_runs: deque[FreedRun] = field(default_factory=deque)
     refs: dict[int, list[int]] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)
     free_blocks: int = 0
     evictions: int = 0
     stores: int = 0
+    releases: int = 0
     _runs: dict[int, CachedRun] = field(default_factory=dict)
     _runs_evictions: int = 0
 
@@ -142,7 +161,6 @@ class PrefixCache:
         entry.refs += 1
         if entry.refs > 1:
             return 0
-        del self.lru[key]
         self.free_blocks -= entry.blocks
         return entry.blocks
 
@@ -184,30 +202,66 @@ class PrefixCache:
 
     def release(self, req: Request) -> int:
         """``req`` leaves this worker: its cached blocks lose a reference, and those no request
-        references any more join the eviction order, tail first. Returns the KV blocks that
-        were used and are now free (still cached)."""
-        freed = 0
+        references any more join the eviction order as one run, tail first. Returns the KV
+        blocks that were used and are now free (still cached)."""
         self.held.pop(req.id, None)
-        for key in reversed(self.refs.pop(req.id, ())):
-            entry = self.entries[key]
+        keys = self.refs.pop(req.id, None)
+        if not keys:
+            return 0
+        self.releases += 1
+        mark, entries, freed = self.releases, self.entries, 0
+        for key in keys:
+            entry = entries[key]
             entry.refs -= 1
             if entry.refs == 0:
-                self.lru[key] = None
-                self.free_blocks += entry.blocks
+                entry.freed = mark
                 freed += entry.blocks
+        if freed:
+            if len(self.freed_runs) > 2 * len(entries) + STALE_SLACK:
+                self._compact()
+            self.freed_runs.append(FreedRun(mark, keys))
+            self.free_blocks += freed
         return freed
+
+    def _queued(self, key: int, mark: int) -> CachedBlock | None:
+        """``key``'s entry if it is in the eviction order at release ``mark``'s place."""
+        entry = self.entries.get(key)
+        return entry if entry is not None and entry.refs == 0 and entry.freed == mark else None
+
+    def _compact(self) -> None:
+        """Drop from the eviction order the blocks referenced or evicted since their release."""
+        runs: deque[FreedRun] = deque()
+        for run in self.freed_runs:
+            keys = [key for key in run.keys if self._queued(key, run.mark) is not None]
+            if keys:
+                runs.append(FreedRun(run.mark, keys))
+        self.freed_runs = runs
+
+    def eviction_order(self) -> list[int]:
+        """The unreferenced cached keys, in the order eviction takes them."""
+        return [key for run in self.freed_runs for key in reversed(run.keys)
+                if self._queued(key, run.mark) is not None]
 
     def evict(self, blocks: int) -> None:
         """Drop unreferenced cached blocks, least recently freed first, until ``blocks`` KV
         blocks are no longer cached."""
-        while blocks > 0 and self.lru:
-            key, _ = self.lru.popitem(last=False)
-            entry = self.entries.pop(key)
-            if self.directory is not None:
-                self.directory.remove(key, self.owner)
-            self.free_blocks -= entry.blocks
-            blocks -= entry.blocks
-            self.evictions += 1
+        runs, entries, directory = self.freed_runs, self.entries, self.directory
+        while blocks > 0 and runs:
+            run = runs[0]
+            keys, mark = run.keys, run.mark
+            while keys and blocks > 0:
+                key = keys.pop()
+                entry = entries.get(key)
+                if entry is None or entry.refs or entry.freed != mark:
+                    continue
+                del entries[key]
+                if directory is not None:
+                    directory.remove(key, self.owner)
+                self.free_blocks -= entry.blocks
+                blocks -= entry.blocks
+                self.evictions += 1
+            if not keys:
+                runs.popleft()
 
     def clear(self) -> None:
         """Forget every unreferenced cached block."""
@@ -225,7 +279,7 @@ class PrefixCache:
             if entry.refs:
                 disagree.append(key)
                 continue
-            del self.entries[key], self.lru[key]
+            del self.entries[key]
             if self.directory is not None:
                 self.directory.remove(key, self.owner)
             self.free_blocks -= entry.blocks

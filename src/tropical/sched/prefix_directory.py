@@ -16,7 +16,11 @@ class PrefixDirectory:
     holders: dict[int, set[int]] = field(default_factory=dict)
 
     def add(self, key: int, worker_id: int) -> None:
-        self.holders.setdefault(key, set()).add(worker_id)
+        held = self.holders.get(key)
+        if held is None:
+            self.holders[key] = {worker_id}
+        else:
+            held.add(worker_id)
 
     def remove(self, key: int, worker_id: int) -> None:
         held = self.holders.get(key)

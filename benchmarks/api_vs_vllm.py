@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -107,9 +107,24 @@ def post(url: str, path: str, body: dict) -> dict:
 
 
 def compare(pair: Pair, tolerance: float) -> dict:
-    checks = [*completion_checks(pair, tolerance), echo_check(pair, tolerance), chat_check(pair, tolerance),
-              *control_checks(pair), bias_check(pair), stop_ids_check(pair), *json_checks(pair),
-              n_check(pair)]
+    """Every check, each on its own: one that fails to run is reported as failed, with why."""
+    runs: list[tuple[str, Callable[[], list[dict]]]] = [
+        ("completion logprobs", lambda: completion_checks(pair, tolerance)),
+        ("echo", lambda: [echo_check(pair, tolerance)]),
+        ("chat logprobs", lambda: [chat_check(pair, tolerance)]),
+        ("sampling controls", lambda: control_checks(pair)),
+        ("logit_bias", lambda: [bias_check(pair)]),
+        ("stop_token_ids", lambda: [stop_ids_check(pair)]),
+        ("json", lambda: json_checks(pair)),
+        ("n", lambda: [n_check(pair)]),
+        ("refusals", lambda: refusal_checks(pair)),
+    ]
+    checks = []
+    for name, run in runs:
+        try:
+            checks += run()
+        except (RuntimeError, KeyError, IndexError, TypeError, ValueError, httpx.HTTPError) as exc:
+            checks.append({"name": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]})
     return {"tolerance": tolerance, "checks": checks}
 
 
@@ -232,12 +247,27 @@ def parse_json(text: str) -> object:
 
 
 def n_check(pair: Pair) -> dict:
-    ours, theirs = pair.both("/chat/completions", {"messages": QUESTION, "max_tokens": 8, "temperature": 0,
-                                                   "n": 3})
-    texts = [[c["message"]["content"] for c in r["choices"]] for r in (ours, theirs)]
-    usage = [r["usage"]["completion_tokens"] for r in (ours, theirs)]
-    ok = texts[0] == texts[1] and usage[0] == usage[1] and [c["index"] for c in ours["choices"]] == [0, 1, 2]
-    return {"name": "n=3 (greedy: identical choices)", "ok": ok, "ours": texts[0], "vllm": texts[1]}
+    """n sampled choices (vLLM refuses n > 1 when greedy): each indexed, usage summing them all."""
+    body = {"messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "seed": 1, "n": 3, "ignore_eos": True}
+    ours, theirs = pair.both("/chat/completions", body)
+    shape = [([c["index"] for c in r["choices"]], r["usage"]["completion_tokens"]) for r in (ours, theirs)]
+    return {"name": "n=3 (sampled): indices and usage", "ok": shape[0] == shape[1] == ([0, 1, 2], 24),
+            "ours": str(shape[0]), "vllm": str(shape[1])}
+
+
+def refusal_checks(pair: Pair) -> list[dict]:
+    """Bad input both servers refuse with a 400."""
+    cases = {"n > 1 with greedy sampling": {"n": 2, "temperature": 0},
+             "top_logprobs without logprobs": {"top_logprobs": 2},
+             "logprobs above 20": {"logprobs": True, "top_logprobs": 21}}
+    checks = []
+    for name, fields in cases.items():
+        body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2, **fields}
+        codes = [httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code
+                 for url in (pair.ours, pair.vllm)]
+        checks.append({"name": f"refused: {name}", "ok": codes == [400, 400], "ours": codes[0],
+                       "vllm": codes[1]})
+    return checks
 
 
 def render(report: dict) -> str:

@@ -161,6 +161,7 @@ def test_streamed_completion_logprobs_continue_their_text_offsets(tokenizer: Tok
 @pytest.mark.parametrize(("fields", "param"), [
     ({"logprobs": 21}, "logprobs"),
     ({"n": 17}, "n"),
+    ({"n": 2, "temperature": 0}, "n"),
     ({"logit_bias": {"99999999": 1}}, "logit_bias"),
     ({"stop_token_ids": [99999999]}, "stop_token_ids"),
     ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),

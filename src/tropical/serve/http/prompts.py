@@ -61,7 +61,7 @@ def sampling_params(gen: GenerationRequest, max_tokens: int, vocab: int, limits:
     fields = gen.sampling
     _check_limits(fields, gen.chat, max_tokens, vocab, limits)
     seed = None if gen.seed is None else gen.seed % 2**63  # OpenAI allows negative seeds
-    return SamplingParams(
+    params = SamplingParams(
         gen.temperature, gen.top_p, gen.top_k or 0, seed,
         presence_penalty=fields.presence_penalty, frequency_penalty=fields.frequency_penalty,
         repetition_penalty=fields.repetition_penalty, logit_bias=tuple(sorted(fields.logit_bias.items())),
@@ -69,6 +69,10 @@ def sampling_params(gen: GenerationRequest, max_tokens: int, vocab: int, limits:
         prompt_logprobs=fields.logprobs if fields.echo else None,
         processed_logprobs=limits.processed_logprobs,
     )
+    if fields.n > 1 and params.greedy:
+        raise APIError(400, f"n must be 1 when sampling greedily (temperature {gen.temperature:g}): every "
+                            f"choice would be the same, and vLLM refuses it too", param="n")
+    return params
 
 
 def _check_limits(fields: SamplingFields, chat: bool, max_tokens: int, vocab: int, limits: Limits) -> None:

@@ -201,8 +201,10 @@ class TropicalPolicy(Policy):
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
+        ranked: list[WorkerState] | None = None  # loads stand through the round: rank them once
         for req, source, finish in at_risk:
-            options = [(done, w.id, w) for w in shortlist(req, multiplex)
+            ranked = ranked if ranked is not None else least_loaded(multiplex)
+            options = [(done, w.id, w) for w in shortlist(req, multiplex, ranked)
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
                 self._plan_checks(req, multiplex, plans, now, finish)
@@ -435,10 +437,12 @@ class TropicalPolicy(Policy):
         return Assignment(req, target.id, PrefillPath.FALLBACK, "no live prefill worker")
 
 
-def shortlist(req: Request, multiplex: list[WorkerState]) -> list[WorkerState]:
+def shortlist(req: Request, multiplex: list[WorkerState],
+              ranked: list[WorkerState] | None = None) -> list[WorkerState]:
     """The multiplexing workers Path 2 prices for ``req`` (see ``SHORTLIST``): the least
     loaded of those holding the deepest block of its prefix that any holds (where a follow-up
-    turn finds its history; they would find about the same hit), and the least loaded."""
+    turn finds its history; they would find about the same hit), and the least loaded, taken
+    from ``ranked`` (``least_loaded(multiplex)``, which one decision may share among prompts)."""
     if len(multiplex) <= SHORTLIST:
         return multiplex
     cache = multiplex[0].kv.cache
@@ -446,5 +450,11 @@ def shortlist(req: Request, multiplex: list[WorkerState]) -> list[WorkerState]:
     near = (heapq.nsmallest(SHORTLIST // 2, (w for w in multiplex if w.id in holders), key=load)
             if holders else [])
     taken = {w.id for w in near}
-    return near + heapq.nsmallest(SHORTLIST - len(near), (w for w in multiplex if w.id not in taken),
-                                  key=load)
+    ranked = ranked if ranked is not None else least_loaded(multiplex)
+    return near + [w for w in ranked if w.id not in taken][:SHORTLIST - len(near)]
+
+
+def least_loaded(multiplex: list[WorkerState]) -> list[WorkerState]:
+    """The ``SHORTLIST`` least loaded workers, least first: with ``near`` (at most half of them)
+    set aside, those left are still the least loaded of the rest."""
+    return heapq.nsmallest(SHORTLIST, multiplex, key=load)

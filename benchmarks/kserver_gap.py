@@ -1,0 +1,174 @@
+"""Where `tropical+` loses against the k-server bound: capacities beside both burst bounds, then one
+run at the k-server bound's rate taken apart in the report's "why requests miss" style.
+
+For each trace (the paper cluster, the preset SLOs):
+
+- the work bound, the pooled bound and the k-server bound (``sim.pooled_bound``), and each policy's
+  capacity (``tropical sweep``'s search), as a share of the k-server and the pooled bound;
+- at the k-server bound's rate (where the ideal of k servers meets >= 90% of TTFT SLOs) and at
+  ``--past`` times `tropical+`'s own capacity (just past it): the ideals' TTFT attainment and
+  `tropical+`'s attainment, then its misses
+  - by cause (``core.metrics.miss_cause``),
+  - by when: each arrival's window of ``--window`` seconds, binned by the window's prompt load
+    (prefill work arriving in it over what k servers do in it, decodes paid), so misses in
+    bursts (load > 1) are told from misses in calm,
+  - by where: the path and the worker that prefilled each missed request, beside that worker's
+    share of all prompts,
+  - by what: the prompt's length, in quartiles of the trace (a TTFT SLO scales with the prompt's
+    own prefill, so a short prompt queued behind long ones misses first; the ideals serve the
+    earliest deadline first, preempting).
+
+    .venv/bin/python benchmarks/kserver_gap.py --traces synthetic,azure-code [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Sequence
+
+from tropical.config import SimConfig
+from tropical.core.metrics import miss_cause
+from tropical.core.request import Request
+from tropical.report.markdown import CAUSES
+from tropical.report.tables import render
+from tropical.sim.build import experiment
+from tropical.sim.pooled_bound import PooledCluster
+from tropical.sim.run import simulate
+from tropical.sim.sweep import capacities
+
+LOAD_BINS = ((0.0, 0.5), (0.5, 1.0), (1.0, 2.0), (2.0, float("inf")))
+
+
+def window_loads(pooled: PooledCluster, rate: float, window: float) -> dict[int, float]:
+    """Each window's prompt work arriving at ``rate`` over what the k servers do in it."""
+    work: Counter[int] = Counter()
+    for arrival, prefill, _ in pooled.jobs(rate):
+        work[int(arrival // window)] += prefill
+    speed = pooled.prefill_speed(rate) * window
+    return {w: v / speed for w, v in work.items()}
+
+
+def by_load(requests: Sequence[Request], loads: dict[int, float], window: float) -> list[dict]:
+    """Arrivals and misses in windows of each load bin."""
+    rows = []
+    missed = [r for r in requests if miss_cause(r) is not None]
+    def load(r: Request) -> float:
+        return loads.get(int(r.arrival // window), 0.0)
+
+    for lo, hi in LOAD_BINS:
+        arrivals = sum(lo <= load(r) < hi for r in requests)
+        misses = sum(lo <= load(r) < hi for r in missed)
+        rows.append({"load": f"{lo:g}-{hi:g}", "arrivals": arrivals / len(requests),
+                     "misses": misses / max(1, len(missed)),
+                     "missed_there": misses / max(1, arrivals)})
+    return rows
+
+
+def by_worker(requests: Sequence[Request]) -> list[dict]:
+    """Per prefilling worker and path: its share of prompts and of misses, and its miss rate."""
+    missed = [r for r in requests if miss_cause(r) is not None]
+    keys = Counter((r.prefill_worker, r.path.value) for r in requests)
+    misses = Counter((r.prefill_worker, r.path.value) for r in missed)
+    return [{"worker": w, "path": p, "prompts": n / len(requests),
+             "misses": misses[(w, p)] / max(1, len(missed)), "missed_there": misses[(w, p)] / n}
+            for (w, p), n in sorted(keys.items(), key=str)]
+
+
+def decompose(pooled: PooledCluster, rate: float, window: float) -> dict:
+    """`tropical+` at ``rate`` req/s beside the ideals, its misses by cause, load and worker."""
+    exp = pooled.exp
+    run = simulate(exp.with_policy("tropical+").at_rate(rate / exp.trace.mean_rate))
+    requests = run.requests
+    causes = Counter(miss_cause(r) for r in requests)
+    return {
+        "rate_rps": rate,
+        "kserver_ttft_attainment": pooled.attainment(rate, pooled.workers),
+        "pooled_ttft_attainment": pooled.attainment(rate),
+        "attainment": run.summary.attainment, "stream_attainment": run.summary.stream_attainment,
+        "causes": {c: causes[c] / len(requests) for c in CAUSES},
+        "by_load": by_load(requests, window_loads(pooled, rate, window), window),
+        "by_worker": by_worker(requests),
+        "by_length": by_length(requests),
+    }
+
+
+def by_length(requests: Sequence[Request]) -> list[dict]:
+    """Miss rate and share of misses in each quartile of prompt length."""
+    ranked = sorted(requests, key=lambda r: r.prompt_len)
+    missed = sum(miss_cause(r) is not None for r in requests)
+    rows = []
+    for q in range(4):
+        part = ranked[q * len(ranked) // 4:(q + 1) * len(ranked) // 4]
+        misses = sum(miss_cause(r) is not None for r in part)
+        rows.append({"prompts": f"{part[0].prompt_len}-{part[-1].prompt_len}",
+                     "misses": misses / max(1, missed), "missed_there": misses / len(part)})
+    return rows
+
+
+def study(trace: str, policies: list[str], window: float, past: float, processes: int) -> dict:
+    base = experiment(SimConfig(trace=trace).with_preset())
+    pooled = PooledCluster.of(base)
+    kserver, pooled_cap = pooled.kserver_capacity(), pooled.capacity()
+    found = capacities({p: base.with_policy(p) for p in policies}, processes=processes, progress=None)
+    own = found["tropical+"].capacity_rps
+    return {
+        "trace": trace, "requests": len(base.trace), "workers": pooled.workers,
+        "bound_rps": pooled.bound.rate_rps, "pooled_bound_rps": pooled_cap, "kserver_bound_rps": kserver,
+        "capacity_rps": {p: c.capacity_rps for p, c in found.items()},
+        "decomposed": {"the k-server bound": decompose(pooled, kserver, window),
+                       f"{past:g}x tropical+'s capacity": decompose(pooled, past * own, window)},
+    }
+
+
+def markdown(r: dict) -> str:
+    caps, k, pooled = r["capacity_rps"], r["kserver_bound_rps"], r["pooled_bound_rps"]
+    return "\n".join([f"### {r['trace']} ({r['requests']} requests, {r['workers']} workers)", "",
+                      f"Work bound {r['bound_rps']:.3f} req/s, k-server bound {k:.3f}, pooled bound "
+                      f"{pooled:.3f}.", "",
+                      render(["policy", "capacity (req/s)", "of k-server bound", "of pooled bound"],
+                             [[p, f"{c:.3f}", f"{c / k:.0%}", f"{c / pooled:.0%}"] for p, c in caps.items()]),
+                      "", *(decomposed_markdown(label, at) for label, at in r["decomposed"].items())])
+
+
+def decomposed_markdown(label: str, at: dict) -> str:
+    lines = [f"At {label} ({at['rate_rps']:.3f} req/s): the k servers meet "
+             f"{at['kserver_ttft_attainment']:.1%} of TTFT SLOs, the pooled server "
+             f"{at['pooled_ttft_attainment']:.1%}; `tropical+` attains {at['attainment']:.1%} "
+             f"({at['stream_attainment']:.1%} stream).", "",
+             "Why requests miss (share of all requests):", "",
+             render(list(CAUSES), [[f"{at['causes'][c]:.1%}" for c in CAUSES]]), "",
+             "When: windows by their prompt load (work arriving over what the k servers do):", "",
+             render(["window load", "of arrivals", "of misses", "missed there"],
+                    [[b["load"], f"{b['arrivals']:.1%}", f"{b['misses']:.1%}", f"{b['missed_there']:.1%}"]
+                     for b in at["by_load"]]), "",
+             "Where: the worker that prefilled each request, by path:", "",
+             render(["worker", "path", "of prompts", "of misses", "missed there"],
+                    [[str(w["worker"]), w["path"], f"{w['prompts']:.1%}", f"{w['misses']:.1%}",
+                      f"{w['missed_there']:.1%}"] for w in at["by_worker"]]), "",
+             "What: prompt length, by quartile of the trace:", "",
+             render(["prompt tokens", "of misses", "missed there"],
+                    [[b["prompts"], f"{b['misses']:.1%}", f"{b['missed_there']:.1%}"]
+                     for b in at["by_length"]]),
+             ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", default="synthetic,azure-code")
+    parser.add_argument("--policies", default="tropical+,chunked-512,kv-router")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per arrival window")
+    parser.add_argument("--past", type=float, default=1.5,
+                        help="also decompose at this multiple of tropical+'s capacity")
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    policies = args.policies.split(",")
+    results = [study(t, policies, args.window, args.past, args.processes) for t in args.traces.split(",")]
+    print(json.dumps(results) if args.json else "\n".join(markdown(r) for r in results))
+
+
+if __name__ == "__main__":
+    main()

@@ -35,9 +35,9 @@ def sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int],
     request asked for them (by seq id). Plain rows sample exactly as ``sample`` does."""
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logit rows, {len(rows)} sample rows")
-    tokens, logprobs = [], {}
+    tokens, logprobs, device = [], {}, logits.device
     for row_logits, row in zip(logits, rows, strict=True):
-        generator = step_generator(row.params, row.step, logits.device)
+        generator = step_generator(row.params, row.step, device)
         if row.plain:
             tokens.append(_sample_row(row_logits, row.params, generator))
             continue

@@ -86,7 +86,9 @@ class TokenSequence:
     def ends_at(self, token: int, eos_ids: frozenset[int]) -> bool:
         """True when ``token``, just appended, ends the request: a stop token once it has at least
         ``min_tokens`` output tokens (vLLM's rule)."""
-        return token in self.stop_ids(eos_ids) and len(self.output) >= self.params.min_tokens
+        if token in self.params.stop_token_ids:
+            return len(self.output) >= self.params.min_tokens
+        return token in eos_ids and not self.ignore_eos and len(self.output) >= self.params.min_tokens
 
     def banned(self, eos_ids: frozenset[int]) -> tuple[int, ...]:
         """The tokens its next draw may not take: the stop tokens while it has fewer than

@@ -221,3 +221,20 @@ def test_every_policy_runs_over_vllm(name: str, profile: Path, tmp_path: Path) -
     assert {r.json()["choices"][0]["text"] for r in replies} == {
         tokenizer.decode(answer(tokenizer.encode(PROMPT), 16, 512, None))}
     assert sum(len(f.fake.requests) for f in fakes) >= 3
+
+
+def test_sampling_controls_reach_the_instances_and_what_cannot_come_back_is_refused(
+        router: str, fakes: Fakes) -> None:
+    reply = post(router, {"presence_penalty": 0.5, "repetition_penalty": 1.2, "logit_bias": {"7": -100},
+                          "min_tokens": 3, "temperature": 0.5, "seed": 3})
+    assert reply.status_code == 200, reply.text
+    sent = [r for fake in fakes for r in fake.fake.requests][-1]
+    wanted = {"presence_penalty": 0.5, "repetition_penalty": 1.2, "logit_bias": {"7": -100.0},
+              "min_tokens": 3}
+    assert {name: sent.get(name) for name in wanted} == wanted
+    assert "frequency_penalty" not in sent  # unset controls are left to vLLM's defaults
+    before = sum(len(fake.fake.requests) for fake in fakes)
+    for fields in ({"logprobs": 1}, {"stop_token_ids": [5]}, {"echo": True, "logprobs": 0}):
+        refused = post(router, fields)
+        assert refused.status_code == 400 and "--engine vllm" in refused.json()["error"]["message"]
+    assert sum(len(fake.fake.requests) for fake in fakes) == before

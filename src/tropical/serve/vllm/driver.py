@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
+from tropical.core.sampling import SamplingParams
 from tropical.engine.block_hash import block_hashes
 from tropical.sched.admission import NO_LIVE_WORKER, serving_error
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Migrate, Wake
@@ -112,6 +113,11 @@ class VllmDriver:
         """Admit a request and let the Cluster place its prefill; raises Rejected."""
         check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
                        self.metrics, "no vLLM instance is running")
+        unsupported = unsupported_over_vllm(submission)
+        if unsupported is not None:
+            raise Rejected(400, f"{unsupported} is not supported with --engine vllm: the router streams "
+                                f"token ids from the instances and does not yet carry it back (use "
+                                f"--engine tropical)")
         now = self.clock()
         kv = self.workers[0].kv
         prefix = block_hashes(submission.prompt_ids, kv.block_size) if kv.cache is not None else ()
@@ -338,7 +344,7 @@ class VllmDriver:
             body["top_k"] = sub.params.top_k
         if sub.params.seed is not None:
             body["seed"] = sub.params.seed
-        return body
+        return body | sampling_controls(sub.params)
 
     def _report(self, worker: WorkerState) -> None:
         used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0
@@ -357,3 +363,24 @@ class VllmDriver:
             self.inflight.end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
                                                  "request finished", 503)
             self._drop(rid)
+
+
+def sampling_controls(params: SamplingParams) -> dict[str, Any]:
+    """The sampling controls vLLM applies itself, in its request's terms (those set)."""
+    controls = {"presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
+                "min_tokens": params.min_tokens, "logit_bias": {str(t): b for t, b in params.logit_bias}}
+    if params.repetition_penalty != 1:
+        controls["repetition_penalty"] = params.repetition_penalty
+    return {name: value for name, value in controls.items() if value}
+
+
+def unsupported_over_vllm(submission: Submission) -> str | None:
+    """The first field of ``submission`` whose result the router cannot carry back from vLLM
+    (it reads token ids only): logprobs, a prompt's logprobs, stop token ids (their text must
+    go), a response format (its grammar runs here, not there)."""
+    params = submission.params
+    named = [("logprobs", params.logprobs is not None),
+             ("echo with logprobs", params.prompt_logprobs is not None),
+             ("stop_token_ids", bool(params.stop_token_ids)),
+             ("response_format", submission.constraint is not None)]
+    return next((name for name, asked in named if asked), None)

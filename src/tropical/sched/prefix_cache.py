@@ -33,11 +33,17 @@ release for ever)."""
 @dataclass(slots=True)
 class CachedBlock:
     """One cached prefix block: the KV blocks it fills, the requests here that reference it, and
-    the release that last left it unreferenced (its place in the eviction order)."""
+    the release that last left it unreferenced (its place in the eviction order). A run builds
+    half a million: a written constructor (see BatchShape)."""
 
     blocks: int
-    refs: int = 0
-    freed: int = 0
+    refs: int
+    freed: int
+
+    def __init__(self, blocks: int, refs: int = 0) -> None:
+        self.blocks = blocks
+        self.refs = refs
+        self.freed = 0
 
 
 @dataclass(slots=True)
@@ -49,17 +55,27 @@ class FreedRun:
     mark: int
     keys: list[int]
 
+    def __init__(self, mark: int, keys: list[int]) -> None:
+        self.mark = mark
+        self.keys = keys
+
 
 @dataclass(slots=True)
 class CachedRun:
     """How far a lookup walked one request's prefix: ``keys`` matched, their ``blocks``, whether
     the run ``ended`` at a partial block (no later key can extend it), and the cache's ``stores``
-    when it last walked."""
+    when it last walked (one per request a lookup sees: a written constructor)."""
 
-    keys: int = 0
-    blocks: int = 0
-    ended: bool = False
-    stores: int = -1
+    keys: int
+    blocks: int
+    ended: bool
+    stores: int
+
+    def __init__(self) -> None:
+        self.keys = 0
+        self.blocks = 0
+        self.ended = False
+        self.stores = -1
 
 
 @dataclass(slots=True)

@@ -16,7 +16,9 @@ For each trace (the paper cluster, the preset SLOs):
     share of all prompts,
   - by what: the prompt's length, in quartiles of the trace (a TTFT SLO scales with the prompt's
     own prefill, so a short prompt queued behind long ones misses first; the ideals serve the
-    earliest deadline first, preempting).
+    earliest deadline first, preempting),
+  - over the run: the miss rate in each tenth of the arrivals, each worker's busy share of the
+    run (its last finish) and the prefix hit rate beside the ideal cache's that the bounds assume.
 
     .venv/bin/python benchmarks/kserver_gap.py --traces synthetic,azure-code [--json]
 """
@@ -34,7 +36,7 @@ from tropical.core.request import Request
 from tropical.report.markdown import CAUSES
 from tropical.report.tables import render
 from tropical.sim.build import experiment
-from tropical.sim.pooled_bound import PooledCluster
+from tropical.sim.pooled_bound import PooledCluster, cache_hits
 from tropical.sim.run import simulate
 from tropical.sim.sweep import capacities
 
@@ -82,6 +84,7 @@ def decompose(pooled: PooledCluster, rate: float, window: float) -> dict:
     run = simulate(exp.with_policy("tropical+").at_rate(rate / exp.trace.mean_rate))
     requests = run.requests
     causes = Counter(miss_cause(r) for r in requests)
+    span = max(r.finish or r.arrival for r in requests)
     return {
         "rate_rps": rate,
         "kserver_ttft_attainment": pooled.attainment(rate, pooled.workers),
@@ -91,6 +94,12 @@ def decompose(pooled: PooledCluster, rate: float, window: float) -> dict:
         "by_load": by_load(requests, window_loads(pooled, rate, window), window),
         "by_worker": by_worker(requests),
         "by_length": by_length(requests),
+        "by_tenth": by_tenth(requests),
+        "span_s": span,
+        "last_arrival_s": max(r.arrival for r in requests),
+        "busy": [{"role": role.value, "busy": s.busy / span, "prompt_tokens": s.prompt_tokens}
+                 for role, s in zip(run.roles, run.worker_stats, strict=True)],
+        "prefix_hit_rate": run.summary.prefix_hit_rate,
     }
 
 
@@ -107,13 +116,22 @@ def by_length(requests: Sequence[Request]) -> list[dict]:
     return rows
 
 
+def by_tenth(requests: Sequence[Request]) -> list[float]:
+    """Miss rate in each tenth of the requests, in arrival order."""
+    ranked = sorted(requests, key=lambda r: r.arrival)
+    tenths = [ranked[k * len(ranked) // 10:(k + 1) * len(ranked) // 10] for k in range(10)]
+    return [sum(miss_cause(r) is not None for r in part) / max(1, len(part)) for part in tenths]
+
+
 def study(trace: str, policies: list[str], window: float, past: float, processes: int) -> dict:
     base = experiment(SimConfig(trace=trace).with_preset())
     pooled = PooledCluster.of(base)
     kserver, pooled_cap = pooled.kserver_capacity(), pooled.capacity()
     found = capacities({p: base.with_policy(p) for p in policies}, processes=processes, progress=None)
     own = found["tropical+"].capacity_rps
+    hits = cache_hits(base) or [0]
     return {
+        "ideal_prefix_hit_rate": sum(hits) / sum(e.input_len for e in base.trace.entries),
         "trace": trace, "requests": len(base.trace), "workers": pooled.workers,
         "bound_rps": pooled.bound.rate_rps, "pooled_bound_rps": pooled_cap, "kserver_bound_rps": kserver,
         "capacity_rps": {p: c.capacity_rps for p, c in found.items()},
@@ -126,7 +144,8 @@ def markdown(r: dict) -> str:
     caps, k, pooled = r["capacity_rps"], r["kserver_bound_rps"], r["pooled_bound_rps"]
     return "\n".join([f"### {r['trace']} ({r['requests']} requests, {r['workers']} workers)", "",
                       f"Work bound {r['bound_rps']:.3f} req/s, k-server bound {k:.3f}, pooled bound "
-                      f"{pooled:.3f}.", "",
+                      f"{pooled:.3f}. The bounds price every prompt less its hit on one unbounded "
+                      f"cluster-wide cache: {r['ideal_prefix_hit_rate']:.1%} of prompt tokens.", "",
                       render(["policy", "capacity (req/s)", "of k-server bound", "of pooled bound"],
                              [[p, f"{c:.3f}", f"{c / k:.0%}", f"{c / pooled:.0%}"] for p, c in caps.items()]),
                       "", *(decomposed_markdown(label, at) for label, at in r["decomposed"].items())])
@@ -150,8 +169,13 @@ def decomposed_markdown(label: str, at: dict) -> str:
              "What: prompt length, by quartile of the trace:", "",
              render(["prompt tokens", "of misses", "missed there"],
                     [[b["prompts"], f"{b['misses']:.1%}", f"{b['missed_there']:.1%}"]
-                     for b in at["by_length"]]),
-             ""]
+                     for b in at["by_length"]]), "",
+             "Over the run: miss rate by tenth of the arrivals "
+             + ", ".join(f"{m:.0%}" for m in at["by_tenth"])
+             + f"; last finish {at['span_s']:.0f} s after the first arrival, last arrival "
+             f"{at['last_arrival_s']:.0f} s; prefix hit rate {at['prefix_hit_rate']:.1%}; busy share of "
+             "the run by worker: "
+             + ", ".join(f"{i} ({w['role']}) {w['busy']:.0%}" for i, w in enumerate(at["busy"])) + ".", ""]
     return "\n".join(lines)
 
 

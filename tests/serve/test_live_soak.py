@@ -3,10 +3,14 @@ SIGKILLed and one burst; every request sent is answered, none hangs, the killed 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+from tropical.bench.record import Measurement
 
 SOAK = Path(__file__).parents[2] / "benchmarks" / "soak.py"
 
@@ -27,3 +31,30 @@ def test_a_short_soak_loses_nothing_and_hangs_nothing(tmp_path: Path) -> None:
     assert kill["pid"] is not None and kill["revived_s"] is not None, kill
     assert report["rss_samples"] and report["rss_mib"]["router"]["first_mib"] > 0
     assert {p.name for p in tmp_path.iterdir()} >= {"soak.json", "soak.md", "soak.png", "serve.log"}
+
+
+def _soak_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = module   # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_request_ends_in_one_outcome() -> None:
+    soak = _soak_module()
+    ended = {None: "ok", "timed out after 60 s": "hung", "HTTP 429: busy": "rejected",
+             "HTTP 503: none": "5xx", "HTTP 400: bad": "failed", "server error: worker 1 died": "failed",
+             "stream ended without [DONE]": "lost", "RemoteProtocolError: peer closed": "lost"}
+    for error, outcome in ended.items():
+        m = Measurement(0, 1, 1)
+        m.error = error
+        assert soak.outcome(m) == outcome, error
+
+
+def test_a_burst_plays_the_trace_faster_for_its_seconds_only() -> None:
+    chaos = _soak_module().Chaos(60, 20, 10, 5, 3)
+    assert chaos.bursts() == [10, 20, 30, 40, 50] and chaos.kills() == [20, 40]
+    assert chaos.trace_seconds() == 60 + 2 * 5 * 5
+    assert [chaos.wall(t) for t in (5, 10, 16, 25, 30)] == [5, 10, 12, 15, 20]

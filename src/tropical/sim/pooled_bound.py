@@ -61,6 +61,7 @@ class PooledCluster:
 
     @property
     def workers(self) -> int:
+        """How many servers the k-server bound has: one per worker."""
         return len(self.exp.cluster.workers)
 
     def jobs(self, rate: float) -> list[Job]:

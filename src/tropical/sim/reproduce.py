@@ -101,6 +101,7 @@ class Study:
                 "bound_rps": self.bound, "pooled_bound_rps": self.pooled, "kserver_bound_rps": self.kserver}
 
     def add_bounds(self, variant: str, cluster: PooledCluster) -> None:
+        """The variant's work, pooled and k-server bounds, all priced on ``cluster``."""
         self.bound[variant], self.pooled[variant] = cluster.bound.rate_rps, cluster.capacity()
         self.kserver[variant] = cluster.kserver_capacity()
 

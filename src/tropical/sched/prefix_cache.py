@@ -8,13 +8,15 @@ tail before its head, as vLLM frees them), only when room is needed. A key cover
 tokens, a whole number of the worker's KV blocks; only its full KV blocks are cached.
 
 Pure bookkeeping in blocks: ``KVPool`` owns the counts of used and free blocks and asks this
-cache which blocks a request shares and which it may evict.
+cache which blocks a request shares and which it may evict. Keys are typed ``Hashable``, not
+``int``: compiled, an ``int`` read from the prompt is unboxed and boxed anew (an allocation) at
+every dict and list it passes through, where an object is handed on as it is.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
@@ -53,9 +55,9 @@ class FreedRun:
     any more."""
 
     mark: int
-    keys: list[int]
+    keys: list[Hashable]
 
-    def __init__(self, mark: int, keys: list[int]) -> None:
+    def __init__(self, mark: int, keys: list[Hashable]) -> None:
         self.mark = mark
         self.keys = keys
 
@@ -92,9 +94,9 @@ class PrefixCache:
     block_size: int
     directory: PrefixDirectory | None = None
     owner: int = 0
-    entries: dict[int, CachedBlock] = field(default_factory=dict)
+    entries: dict[Hashable, CachedBlock] = field(default_factory=dict)
     freed_runs: deque[FreedRun] = field(default_factory=deque)
-    refs: dict[int, list[int]] = field(default_factory=dict)
+    refs: dict[int, list[Hashable]] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)
     free_blocks: int = 0
     evictions: int = 0
@@ -129,7 +131,8 @@ class PrefixCache:
         """Walk ``req``'s prefix on from ``run``'s end while its keys are cached; a partial
         block, its prompt's last, ends the run for good."""
         whole = req.prefix_block // self.block_size
-        prefix, entries = req.prefix, self.entries
+        prefix: tuple[Hashable, ...] = req.prefix
+        entries = self.entries
         while run.keys < len(prefix):
             entry = entries.get(prefix[run.keys])
             if entry is None:
@@ -145,7 +148,8 @@ class PrefixCache:
         makes them used)."""
         blocks = 0
         whole = req.prefix_block // self.block_size
-        for key in req.prefix:
+        prefix: tuple[Hashable, ...] = req.prefix
+        for key in prefix:
             entry = self.entries.get(key)
             if entry is None:
                 break
@@ -161,17 +165,18 @@ class PrefixCache:
         keys = self.refs.setdefault(req.id, [])
         whole = req.prefix_block // self.block_size
         revived = 0
-        for key in req.prefix[len(keys):]:
+        prefix: tuple[Hashable, ...] = req.prefix
+        for key in prefix[len(keys):]:
             entry = self.entries.get(key)
             if entry is None:
                 break
-            revived += self._reference(req, key, entry)
+            revived += self._reference(req, entry)
             keys.append(key)
             if entry.blocks < whole:
                 break
         return revived
 
-    def _reference(self, req: Request, key: int, entry: CachedBlock) -> int:
+    def _reference(self, req: Request, entry: CachedBlock) -> int:
         """``req`` references ``entry``; returns its blocks if nobody did (now used, not free)."""
         self.held[req.id] = self.held.get(req.id, 0) + entry.blocks
         entry.refs += 1
@@ -193,7 +198,8 @@ class PrefixCache:
         if keys is None:
             keys = self.refs[req.id] = []
         moved = copies = revived = new = 0
-        prefix, entries, size, span = req.prefix, self.entries, self.block_size, req.prefix_block
+        prefix: tuple[Hashable, ...] = req.prefix
+        entries, size, span = self.entries, self.block_size, req.prefix_block
         whole = span // size
         while i < len(prefix):
             blocks = whole if (i + 1) * span <= req.prompt_len else self.blocks_of(req, i)
@@ -208,7 +214,7 @@ class PrefixCache:
                 new += blocks
                 self.stores += 1
             else:
-                revived += self._reference(req, key, entry)
+                revived += self._reference(req, entry)
                 copies += blocks
             moved += blocks
             keys.append(key)
@@ -239,7 +245,7 @@ class PrefixCache:
             self.free_blocks += freed
         return freed
 
-    def _queued(self, key: int, mark: int) -> CachedBlock | None:
+    def _queued(self, key: Hashable, mark: int) -> CachedBlock | None:
         """``key``'s entry if it is in the eviction order at release ``mark``'s place."""
         entry = self.entries.get(key)
         return entry if entry is not None and entry.refs == 0 and entry.freed == mark else None
@@ -253,7 +259,7 @@ class PrefixCache:
                 runs.append(FreedRun(run.mark, keys))
         self.freed_runs = runs
 
-    def eviction_order(self) -> list[int]:
+    def eviction_order(self) -> list[Hashable]:
         """The unreferenced cached keys, in the order eviction takes them."""
         return [key for run in self.freed_runs for key in reversed(run.keys)
                 if self._queued(key, run.mark) is not None]

@@ -1,9 +1,12 @@
 """Which workers hold each prefix block: the cluster-wide index a cache-aware router keeps
 (Dynamo's KV router keeps one as a radix tree fed by KV events), so that finding the workers a
-prompt would hit costs its prefix's length, not a look at every worker's cache."""
+prompt would hit costs its prefix's length, not a look at every worker's cache. Keys are
+``Hashable``, as the prefix cache's are (compiled, they pass through unboxed and boxed anew as
+``int``)."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
@@ -13,16 +16,16 @@ from tropical.core.request import Request
 class PrefixDirectory:
     """Prefix key -> the ids of the workers whose caches hold that block now."""
 
-    holders: dict[int, set[int]] = field(default_factory=dict)
+    holders: dict[Hashable, set[int]] = field(default_factory=dict)
 
-    def add(self, key: int, worker_id: int) -> None:
+    def add(self, key: Hashable, worker_id: int) -> None:
         held = self.holders.get(key)
         if held is None:
             self.holders[key] = {worker_id}
         else:
             held.add(worker_id)
 
-    def remove(self, key: int, worker_id: int) -> None:
+    def remove(self, key: Hashable, worker_id: int) -> None:
         held = self.holders.get(key)
         if held is not None:
             held.discard(worker_id)
@@ -40,7 +43,8 @@ class PrefixDirectory:
         far, so the walk costs the holders of its first blocks, not the fleet)."""
         runs: dict[int, int] = {}
         left: set[int] | None = None
-        for depth, key in enumerate(req.prefix, start=1):
+        prefix: tuple[Hashable, ...] = req.prefix
+        for depth, key in enumerate(prefix, start=1):
             held = self.holders.get(key)
             left = (set(held) if left is None else left & held) if held else set()
             if not left:
@@ -53,7 +57,8 @@ class PrefixDirectory:
         """The workers holding the deepest block of ``req``'s prefix that any worker holds along
         a run from its first block (empty if none holds its first)."""
         deepest: set[int] = set()
-        for key in req.prefix:
+        prefix: tuple[Hashable, ...] = req.prefix
+        for key in prefix:
             held = self.holders.get(key)
             if not held:
                 break

@@ -27,7 +27,9 @@ class BatchShape:
     build) and it writes its own constructor and ``__hash__`` (it hashes as a frozen one
     would): mypyc compiles those, where it leaves the ones ``dataclass`` generates interpreted
     (README, Performance, measures the difference). The other values built per iteration or per
-    candidate write their constructors for the same reason.
+    candidate write their constructors for the same reason. Its class methods build with
+    ``BatchShape(...)``, not ``cls(...)``: compiled, a call through ``cls`` is a generic one that
+    parses its arguments as the interpreter does (several times the shape's own cost).
     """
 
     prefill_tokens: int = 0
@@ -65,15 +67,15 @@ class BatchShape:
             tokens += new
             pairs += attention_pairs(new, cached)
             cached_sum += cached
-        return cls(tokens, pairs, cached_sum, len(prefills), decode_count, decode_context)
+        return BatchShape(tokens, pairs, cached_sum, len(prefills), decode_count, decode_context)
 
     @classmethod
     def prefill(cls, new: int, cached: int = 0) -> BatchShape:
-        return cls(new, attention_pairs(new, cached), cached, 1, 0, 0)
+        return BatchShape(new, attention_pairs(new, cached), cached, 1, 0, 0)
 
     @classmethod
     def decode(cls, batch: int, total_context: int) -> BatchShape:
-        return cls(decode_count=batch, decode_context=total_context)
+        return BatchShape(0, 0, 0, 0, batch, total_context)
 
     def plus_prefill(self, new: int, cached: int) -> BatchShape:
         """This batch with one more prefill span."""

@@ -41,8 +41,9 @@ CONTROLS: dict[str, dict] = {
     "frequency_penalty": {"frequency_penalty": 1.0},
     "repetition_penalty": {"repetition_penalty": 1.5},
     "penalties_together": {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2},
-    "min_tokens": {"min_tokens": 24, "max_tokens": 24},
 }
+SHORT_ANSWER = [{"role": "user", "content": "Is Paris in France? Answer yes or no."}]
+"""A question greedy decoding answers, then ends: min_tokens must hold that end off."""
 
 
 def main() -> None:
@@ -186,11 +187,23 @@ def untied(a: dict[str, float], b: dict[str, float], tolerance: float) -> int:
 
 
 def control_checks(pair: Pair) -> list[dict]:
+    """Each control's greedy text on both servers, and whether it changed ours from the plain one
+    (a control that changes nothing would agree trivially)."""
     checks = []
+    body = {"prompt": PROMPTS[2], "max_tokens": 32, "temperature": 0}
+    plain = post(pair.ours, "/completions", body)["choices"][0]["text"]
     for name, fields in CONTROLS.items():
-        body = {"prompt": PROMPTS[2], "max_tokens": 32, "temperature": 0, **fields}
-        ours, theirs = pair.both("/completions", body)
-        checks.append(same_text(name, ours, theirs))
+        checks.append(same_text(name, *pair.both("/completions", {**body, **fields}), plain))
+    chat = {"messages": SHORT_ANSWER, "max_tokens": 96, "temperature": 0}
+    plain = post(pair.ours, "/chat/completions", chat)
+    least = plain["usage"]["completion_tokens"] + 8  # past where greedy decoding ends by itself
+    ours, theirs = pair.both("/chat/completions", {**chat, "min_tokens": least, "max_tokens": least + 8})
+    texts = [r["choices"][0]["message"]["content"] for r in (ours, theirs)]
+    tokens = [r["usage"]["completion_tokens"] for r in (ours, theirs)]
+    agree = texts[0] == texts[1] and tokens[0] == tokens[1] >= least
+    checks.append({"name": f"min_tokens {least} (chat)", "ok": agree,
+                   "changes_output": texts[0] != plain["choices"][0]["message"]["content"],
+                   "ours": texts[0], "vllm": texts[1]})
     return checks
 
 
@@ -202,9 +215,9 @@ def bias_check(pair: Pair) -> dict:
     ids = httpx.post(f"{pair.vllm}/tokenize", json={"model": MODEL, "prompt": top[0] + top[-1]},
                      timeout=60).json()["tokens"]
     bias = {str(ids[0]): -100, str(ids[-1]): 5}
-    ours, theirs = pair.both("/completions", {"prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0,
-                                              "logit_bias": bias})
-    return same_text(f"logit_bias {bias}", ours, theirs)
+    body = {"prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0}
+    unbiased = post(pair.ours, "/completions", body)["choices"][0]["text"]
+    return same_text(f"logit_bias {bias}", *pair.both("/completions", {**body, "logit_bias": bias}), unbiased)
 
 
 def stop_ids_check(pair: Pair) -> dict:
@@ -218,9 +231,11 @@ def stop_ids_check(pair: Pair) -> dict:
     return check
 
 
-def same_text(name: str, ours: dict, theirs: dict) -> dict:
+def same_text(name: str, ours: dict, theirs: dict, plain: str | None = None) -> dict:
+    """Both servers' texts agree; with ``plain`` (ours without the control), whether it changed."""
     a, b = ours["choices"][0]["text"], theirs["choices"][0]["text"]
-    return {"name": name, "ok": a == b, "ours": a, "vllm": b}
+    check = {"name": name, "ok": a == b, "ours": a, "vllm": b}
+    return check if plain is None else {**check, "changes_output": a != plain}
 
 
 def json_checks(pair: Pair) -> list[dict]:
@@ -235,7 +250,8 @@ def json_checks(pair: Pair) -> list[dict]:
         ok = all(isinstance(p, dict) for p in parsed)
         if name == "json_schema":
             ok = ok and all(isinstance(p, dict) and isinstance(p.get("capital"), str) for p in parsed)
-        checks.append({"name": name, "ok": ok, "ours": texts[0], "vllm": texts[1]})
+        checks.append({"name": name, "ok": ok, "same_text": texts[0] == texts[1], "ours": texts[0],
+                       "vllm": texts[1]})
     return checks
 
 

@@ -38,7 +38,7 @@ class DecodeRun:
     @classmethod
     def start(cls, worker: WorkerState, steps: int, latency: LatencyModel) -> DecodeRun:
         intercept, slope = latency.decode_line(worker.batch_size)
-        return cls(steps, worker.batch_size, worker.decode_context, intercept, slope)
+        return DecodeRun(steps, worker.batch_size, worker.decode_context, intercept, slope)
 
     def elapsed(self, k: int) -> float:
         """Time for the first k iterations."""

@@ -65,6 +65,14 @@ def test_a_grammar_mask_restricts_greedy_and_sampled_tokens() -> None:
     assert drawn == allowed
 
 
+def test_a_finished_grammar_outranks_min_tokens() -> None:
+    """Under min_tokens the end of sequence is banned; when a finished grammar allows only it, the
+    grammar wins (banning everything would leave no token to draw)."""
+    only_eos = bitmask({4}, 5)
+    assert greedy(SamplingParams(min_tokens=3), allowed=only_eos, banned=(4,)) == 4
+    assert greedy(SamplingParams(min_tokens=3), allowed=bitmask({2, 4}, 5), banned=(4,)) == 2
+
+
 def test_grammar_mask_reads_llguidances_layout() -> None:
     mask = grammar_mask(bitmask({0, 31, 33}, 64), 70)
     assert mask.nonzero().flatten().tolist() == [0, 31, 33] and mask.shape == (70,)

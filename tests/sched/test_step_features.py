@@ -16,6 +16,7 @@ from tropical.sched.step import (
     SampleRow,
     StepOutput,
     TokenSequence,
+    grammar_failures,
     record_logprobs,
     record_tokens,
     step_spec,
@@ -79,6 +80,42 @@ def test_stop_tokens_end_a_request_past_min_tokens_and_reach_its_grammar() -> No
             3: sequence(3, SamplingParams(), output=(3,))}
     assert record_tokens({0: 7, 1: 7, 2: 0, 3: 0}, seqs, EOS) == [0, 3]
     assert grammar.accepted == [7] and seqs[1].output == [3, 7]
+
+
+class Failing(Recorder):
+    """A grammar that cannot go on: its mask or its next token raises, as llguidance's may."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at = at
+
+    def allowed(self) -> bytes:
+        if self.at == "allowed":
+            raise ValueError("the grammar failed")
+        return super().allowed()
+
+    def accept(self, token: int) -> None:
+        if self.at == "accept":
+            raise ValueError(f"token {token} does not follow the grammar")
+        super().accept(token)
+
+
+def test_a_grammar_that_cannot_go_on_marks_its_request_alone() -> None:
+    seqs = {0: sequence(0, SamplingParams(), output=(3,), constraint=Failing("accept")),
+            1: sequence(1, SamplingParams(), output=(3,), constraint=Recorder())}
+    assert record_tokens({0: 5, 1: 5}, seqs, EOS) == []
+    assert grammar_failures({0: 5, 1: 5}, seqs) == {0: "token 5 does not follow the grammar"}
+    assert seqs[0].output == [3, 5] and seqs[1].failure is None
+    masked = sequence(2, SamplingParams(), output=(3,), constraint=Failing("allowed"))
+    assert decoding_row(masked).allowed is None and masked.failure == "the grammar failed"
+
+
+def test_an_eos_a_finished_grammar_forced_ends_its_request_short_of_min_tokens() -> None:
+    """The sampler lets a finished grammar's end of sequence through a min_tokens ban; the
+    request then ends, where an eos without a grammar could not have been drawn."""
+    seqs = {0: sequence(0, SamplingParams(min_tokens=5), output=(3,), constraint=Recorder()),
+            1: sequence(1, SamplingParams(min_tokens=5), output=(3,))}
+    assert record_tokens({0: 0, 1: 0}, seqs, EOS) == [0]
 
 
 def test_prompt_chunks_name_the_tokens_their_positions_predict() -> None:

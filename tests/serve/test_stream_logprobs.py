@@ -145,3 +145,34 @@ def test_each_run_of_a_request_gets_a_fresh_grammar() -> None:
     inflight.track(req, sub)
     inflight.track(req, sub)
     assert len(made) == 2 and inflight.sequences[req.id].constraint is made[1]
+
+
+@dataclass
+class BrokenGrammar(Grammar):
+    """Refuses its third token, as a grammar that cannot go on does."""
+
+    def accept(self, token: int) -> None:
+        super().accept(token)
+        if len(self.accepted) == 3:
+            raise ValueError("response_format: token 5 does not follow the grammar")
+
+
+def test_a_grammar_that_cannot_go_on_fails_its_request_alone() -> None:
+    broken, plain = Request(0, 0.0, 40, 12, SLO(1.0, 0.1)), Request(1, 0.0, 40, 6, SLO(1.0, 0.1))
+
+    async def main(loop: Any) -> tuple[Any, list[Event], list[Event], RequestHandle]:
+        policy = make_policy("colocated")
+        fake = start_router(loop, policy, linear_cluster(1, 50_000).build(policy), {0: 40, 1: 40})
+        scoring_worker(fake.workers[0], [], [], stop_at=-1)
+        failing = fake.router.submit(replace(submission(broken), constraint=BrokenGrammar))
+        other = fake.router.submit(submission(plain))
+        events = await finished(failing), await finished(other)
+        await fake.router.stop()
+        return fake, *events, other
+
+    fake, failed_events, other_events, other = run_virtual(main)
+    assert failed_events[-1].error is not None and "does not follow the grammar" in failed_events[-1].error
+    assert failed_events[-1].status == 500 and sum(e.tokens for e in failed_events) == 2
+    assert other_events[-1].finish_reason == "length" and other.completion_tokens == 6
+    assert fake.router.cluster.where(broken.id) is None
+    assert fake.router.cluster.workers[0].kv.used_blocks == 0

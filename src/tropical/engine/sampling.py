@@ -92,7 +92,9 @@ def _sample_processed(logits: torch.Tensor, row: SampleRow, generator: torch.Gen
 
 
 def _bias_and_ban(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
-    """vLLM's logit-bias and min-tokens processors: add each token's bias, forbid the banned."""
+    """vLLM's logit-bias and min-tokens processors: add each token's bias, forbid the banned,
+    unless that forbids every token a finished grammar still allows (its end of sequence):
+    then the grammar wins, and the request ends short of ``min_tokens``."""
     vocab = logits.shape[-1]
     if row.params.logit_bias:
         ids, biases = zip(*row.params.logit_bias, strict=True)
@@ -101,9 +103,10 @@ def _bias_and_ban(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
         index = torch.tensor(ids, dtype=torch.long, device=logits.device)
         logits = logits.index_add(0, index, torch.tensor(biases, dtype=logits.dtype, device=logits.device))
     banned = [t for t in row.banned if t < vocab]
-    if banned:
-        logits = logits.index_fill(0, torch.tensor(banned, dtype=torch.long, device=logits.device), -math.inf)
-    return logits
+    if not banned:
+        return logits
+    kept = logits.index_fill(0, torch.tensor(banned, dtype=torch.long, device=logits.device), -math.inf)
+    return logits if row.allowed is not None and bool(torch.isneginf(kept).all()) else kept
 
 
 def apply_penalties(logits: torch.Tensor, prompt: tuple[int, ...], output: tuple[int, ...],

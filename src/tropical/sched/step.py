@@ -47,7 +47,8 @@ class TokenConstraint(Protocol):
         ...
 
     def accept(self, token: int) -> None:
-        """Follow ``token``, just sampled."""
+        """Follow ``token``, just sampled. Either method raises ValueError when the grammar cannot
+        go on; that fails its request alone (``TokenSequence.failure``)."""
         ...
 
 
@@ -56,7 +57,8 @@ class TokenSequence:
     """A request's tokens and sampling settings; ``output`` holds every token sampled so far,
     ``logprobs`` those of the sampled tokens and ``prompt_logprobs`` those of its prompt's tokens
     from the second on (gathered chunk by chunk) when the request asked for them, ``constraint``
-    its grammar matcher, if it has one."""
+    its grammar matcher, if it has one, and ``failure`` why that matcher could not go on (the
+    request must then end with that error)."""
 
     req: Request
     prompt: list[int]
@@ -66,6 +68,7 @@ class TokenSequence:
     constraint: TokenConstraint | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    failure: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt) != self.req.prompt_len:
@@ -88,7 +91,10 @@ class TokenSequence:
         ``min_tokens`` output tokens (vLLM's rule)."""
         if token in self.params.stop_token_ids:
             return len(self.output) >= self.params.min_tokens
-        return token in eos_ids and not self.ignore_eos and len(self.output) >= self.params.min_tokens
+        if token not in eos_ids or self.ignore_eos:
+            return False
+        # under min_tokens an eos is drawn only when a finished grammar allows nothing else
+        return len(self.output) >= self.params.min_tokens or self.constraint is not None
 
     def banned(self, eos_ids: frozenset[int]) -> tuple[int, ...]:
         """The tokens its next draw may not take: the stop tokens while it has fewer than
@@ -108,7 +114,27 @@ class TokenSequence:
             output=tuple(self.output) if params.penalized else (),
             prompt=tuple(self.prompt) if params.repetition_penalty != 1 else (),
             banned=self.banned(eos_ids),
-            allowed=None if self.constraint is None else self.constraint.allowed())
+            allowed=self._allowed())
+
+    def _allowed(self) -> bytes | None:
+        """The grammar's mask for the next token; None without a grammar, or once it failed."""
+        if self.constraint is None or self.failure is not None:
+            return None
+        try:
+            return self.constraint.allowed()
+        except ValueError as exc:
+            self.failure = str(exc)
+            return None
+
+    def follow(self, token: int) -> None:
+        """Append a sampled token, and let the grammar follow it (a refusal becomes ``failure``)."""
+        self.output.append(token)
+        if self.constraint is None or self.failure is not None:
+            return
+        try:
+            self.constraint.accept(token)
+        except ValueError as exc:
+            self.failure = str(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,11 +216,14 @@ def record_tokens(tokens: Mapping[int, int], sequences: Mapping[int, TokenSequen
     token ends them: an end of sequence or a stop token id, past ``min_tokens`` (the cluster stops
     those that a length limit has not already finished)."""
     for rid, token in tokens.items():
-        seq = sequences[rid]
-        seq.output.append(token)
-        if seq.constraint is not None:
-            seq.constraint.accept(token)
+        sequences[rid].follow(token)
     return [rid for rid, token in tokens.items() if sequences[rid].ends_at(token, eos_ids)]
+
+
+def grammar_failures(tokens: Mapping[int, int], sequences: Mapping[int, TokenSequence]) -> dict[int, str]:
+    """The requests of a step whose grammar could not go on, with why: each must end with that
+    error, the others go on."""
+    return {rid: failure for rid in tokens if (failure := sequences[rid].failure) is not None}
 
 
 def record_logprobs(output: StepOutput, sequences: Mapping[int, TokenSequence]) -> None:

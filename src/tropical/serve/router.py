@@ -28,7 +28,7 @@ from tropical.sched.admission import NO_LIVE_WORKER, serving_error
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrate, Wake
 from tropical.sched.policy import Policy
-from tropical.sched.step import TokenSequence, record_logprobs, record_tokens, step_spec
+from tropical.sched.step import TokenSequence, grammar_failures, record_logprobs, record_tokens, step_spec
 from tropical.sched.worker import WorkerState
 from tropical.serve.inflight import InFlight
 from tropical.serve.iteration_log import IterationLog, IterationRecord, MigrationRecord
@@ -284,10 +284,13 @@ class Router:
         end = self.clock()
         record_logprobs(done.output, self.inflight.sequences)
         eos = record_tokens(done.tokens, self.inflight.sequences, self.inflight.eos)
+        broken = grammar_failures(done.tokens, self.inflight.sequences)
+        for rid, why in broken.items():  # its stream ends with the error; the cluster drops it below
+            self.inflight.end_with_error(self.inflight.handles[rid], why, 500)
         self._follow(worker, done.events)
         booking = self.cluster.book(worker.id, iteration.batch, end, eos=eos)
-        for rid in self.inflight.stream(done.tokens, booking.finished, eos, done.logprobs):
-            self._abort_on(worker.id, rid)  # a stop string ended it: drop it at the next boundary
+        for rid in [*self.inflight.stream(done.tokens, booking.finished, eos, done.logprobs), *broken]:
+            self._abort_on(worker.id, rid)  # a stop string or its grammar ended it: drop it next boundary
         self._carry_out(booking.effects)
         self._report(worker)
         self._record_iteration(iteration, done.seconds)

@@ -47,11 +47,11 @@ class Chunk:
 
         tokens = largest_chunk(worker.rules.token_budget - decode.decode_count, time_of, limit, near)
         if tokens == 0:
-            return cls(0, 0.0, 0.0, 0.0)
+            return Chunk(0, 0.0, 0.0, 0.0)
         base = worker.latency.iteration_time(decode)
         iteration = time_of(tokens)
         overhead = time_of(1) - base
-        return cls(tokens, iteration, max(iteration - base - overhead, 1e-9), overhead)
+        return Chunk(tokens, iteration, max(iteration - base - overhead, 1e-9), overhead)
 
     def finish(self, worker: WorkerState, prompts: Pending, start: float) -> float:
         """End of the iteration that completes ``prompts`` fed in these chunks from ``start``:
@@ -85,7 +85,7 @@ class Lineup:
         for req in order:
             prefixes.append(prefixes[-1].plus(req, worker))
         keys = [worker.latest_start(req) for req in order] if laxity else []
-        return cls(worker, order, keys, prefixes, laxity)
+        return Lineup(worker, order, keys, prefixes, laxity)
 
     def place(self, req: Request) -> int:
         """How many prompts of the lineup ``req`` waits for: all under arrival order; under

@@ -73,7 +73,7 @@ class NextIteration:
         for d in joining:
             context += d.request.prompt_len + d.generated
             peak += d.request.kv_tokens
-        return cls(start, busy, running, steps, tuple(joining), context, tuple(worker.queued()),
+        return NextIteration(start, busy, running, steps, tuple(joining), context, tuple(worker.queued()),
                    worker.min_tpot(), peak, tuple(carried))
 
     def with_joining(self, decoding: Decoding) -> NextIteration:

@@ -46,7 +46,7 @@ class Pending:
            carried: Iterable[tuple[Request, int]] = ()) -> Pending:
         """``carried``: prompts chunked in the iteration in flight, with the tokens they will
         have left after it; they come first."""
-        pending = cls()
+        pending = Pending()
         for req, left in carried:
             pending = pending.plus(req, worker, left)
         for req in requests:

@@ -54,7 +54,7 @@ class QueueRisk:
             if clock - req.arrival > req.slo.ttft:
                 late.append((req.prompt_len, place, req, cost, clock))
         late.sort(key=itemgetter(0))
-        return cls(priced, start, late, late)
+        return QueueRisk(priced, start, late, late)
 
     def kept_for(self, priced: Priced, start: float) -> bool:
         """Does this still answer for ``priced`` with its worker free from ``start``?"""

@@ -64,7 +64,7 @@ class TpotBudget:
                 min_tpot = tpot
             if end < deadline:
                 deadline = end
-        return cls(min_tpot, deadline)
+        return TpotBudget(min_tpot, deadline)
 
     def fits(self, iteration: float, start: float, rule: SlackRule) -> bool:
         """Would an iteration of ``iteration`` seconds starting at ``start`` keep every TPOT SLO?"""

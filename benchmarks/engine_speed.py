@@ -2,9 +2,13 @@
 and what sampling features (logprobs, penalties, bias) cost against plain requests.
 
 Usage: python benchmarks/engine_speed.py [--model smollm2] [--requests 16] [--max-tokens 32] [--repeats 3]
-                                       [--only features] [--json]
+                                       [--only features] [--against TREE [--rounds 6]] [--json]
 Everything runs side by side in one process on the same weights, and is reported as ratios, so the
-numbers compare with each other rather than with another machine.
+numbers compare with each other rather than with another machine. ``--against TREE`` (a source
+tree holding ``src/`` and ``benchmarks/``, e.g. ``git archive <commit> src benchmarks | tar -x -C
+TREE``) times plain greedy requests in this tree and in TREE instead, in alternating child
+processes: CPU seconds of each (best of ``--repeats``, per round), their ratio, and whether both
+generated the same tokens.
 """
 
 from __future__ import annotations
@@ -12,10 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -306,6 +315,58 @@ def print_features(features: dict[str, float], tokens: int) -> None:
     print(f"(the same {tokens} output tokens each; time relative to plain requests, same run)")
 
 
+PLAIN_RUN = """
+import json, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+from benchmarks.engine_speed import make_prompts, output_lengths, run_engine
+from tropical.engine.loader import load_model
+model = load_model(sys.argv[2]).model
+n, mean, repeats = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+prompts, lengths = make_prompts(n, model.config.vocab_size), output_lengths(n, mean, False)
+run_engine(model, prompts[:2], [2, 2])
+best, outs = float("inf"), None
+for _ in range(repeats):
+    start = time.process_time()
+    _, outs = run_engine(model, prompts, lengths)
+    best = min(best, time.process_time() - start)
+print(json.dumps({"cpu_s": best, "outputs": outs}))
+"""
+"""One tree's plain greedy requests, timed in a child process that imports that tree alone."""
+
+
+def plain_cpu(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    out = subprocess.run([sys.executable, "-c", PLAIN_RUN, str(tree), args.model, str(args.requests),
+                          str(args.max_tokens), str(args.repeats)],
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def against(args: argparse.Namespace) -> dict[str, Any]:
+    """This tree's plain requests against ``args.against``'s, alternating which runs first."""
+    here, there = Path(__file__).resolve().parents[1], Path(args.against).resolve()
+    runs: dict[str, list[dict[str, Any]]] = {"here": [], "there": []}
+    for i in range(args.rounds):
+        order = [("here", here), ("there", there)][:: 1 if i % 2 == 0 else -1]
+        for name, tree in order:
+            runs[name].append(plain_cpu(tree, args))
+    cpu = {name: [r["cpu_s"] for r in got] for name, got in runs.items()}
+    ratios = [h / t for h, t in zip(cpu["here"], cpu["there"], strict=True)]
+    same = all(r["outputs"] == runs["there"][0]["outputs"] for got in runs.values() for r in got)
+    return {"against": str(there), "cpu_s": cpu, "ratio_mean": statistics.mean(ratios),
+            "ratio_stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0, "ratios": ratios,
+            "same_tokens": same, "tokens": args.requests * args.max_tokens}
+
+
+def print_against(result: dict[str, Any]) -> None:
+    cpu = result["cpu_s"]
+    print(render(["tree", "mean CPU s", "rounds"], [
+        ["this", f"{statistics.mean(cpu['here']):.2f}", len(cpu["here"])],
+        [result["against"], f"{statistics.mean(cpu['there']):.2f}", len(cpu["there"])]]))
+    print(f"this / that: {result['ratio_mean']:.3f}x (per-round stdev {result['ratio_stdev']:.3f}), "
+          f"same tokens: {result['same_tokens']} ({result['tokens']} plain greedy output tokens a run)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -313,8 +374,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens (the mean when varied)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs of each measurement")
     parser.add_argument("--only", choices=["features"], help="run this section alone")
+    parser.add_argument("--against", help="a source tree to time plain requests against")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds with --against")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.against:
+        result = against(args)
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print_against(result)
+        return
     start = time.perf_counter()
     model = load_model(args.model).model
     features = feature_costs(model, args.requests, args.max_tokens, args.repeats)

@@ -361,8 +361,8 @@ def against(args: argparse.Namespace) -> dict[str, Any]:
 def print_against(result: dict[str, Any]) -> None:
     cpu = result["cpu_s"]
     print(render(["tree", "mean CPU s", "rounds"], [
-        ["this", f"{statistics.mean(cpu['here']):.2f}", len(cpu["here"])],
-        [result["against"], f"{statistics.mean(cpu['there']):.2f}", len(cpu["there"])]]))
+        ["this", f"{statistics.mean(cpu['here']):.2f}", str(len(cpu["here"]))],
+        [result["against"], f"{statistics.mean(cpu['there']):.2f}", str(len(cpu["there"]))]]))
     print(f"this / that: {result['ratio_mean']:.3f}x (per-round stdev {result['ratio_stdev']:.3f}), "
           f"same tokens: {result['same_tokens']} ({result['tokens']} plain greedy output tokens a run)")
 

@@ -57,7 +57,8 @@ class Reply:
 
     def __init__(self, handles: list[RequestHandle], gen: GenerationRequest, model: str, request_id: str,
                  tokenizer: Tokenizer, abort: Callable[[int], None]) -> None:
-        self.handles, self.gen, self.model, self.id = handles, gen, model, request_id
+        self.gen, self.model, self.id = gen, model, request_id
+        self.handles: list[RequestHandle] = []
         self.tokenizer, self.abort = tokenizer, abort
         self.created = int(time.time())
         self.polled = time.monotonic()
@@ -71,9 +72,8 @@ class Reply:
 
     def follow(self, handle: RequestHandle) -> None:
         """Add a choice: forward its events into the merged queue, tagged with its index."""
-        index = len(self.choices)
-        if index == len(self.handles):
-            self.handles.append(handle)
+        index = len(self.handles)
+        self.handles.append(handle)
         self.choices.append(ChoiceText())
 
         async def forward() -> None:

@@ -92,7 +92,8 @@ def child(policy: str, workers: int, limit: int, rate: float) -> None:
 
 def run_cell(policy: str, workers: int, limit: int, rate_per_worker: float) -> Cell:
     """``child`` in a process of its own, its peak RSS from wait4."""
-    args = [sys.executable, __file__, "--child", policy, str(workers), str(limit), str(rate_per_worker * workers)]
+    rate = rate_per_worker * workers
+    args = [sys.executable, __file__, "--child", policy, str(workers), str(limit), str(rate)]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(args, stdout=out, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)

@@ -92,5 +92,7 @@ def has_room(req: Request, worker: WorkerState) -> bool:
 
 
 def decode_destination(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
-    """Where a prefilled request should decode: fewest unfinished tokens among those with room."""
-    return first_fitting(workers, lambda w: has_room(req, w))
+    """Where a prefilled request should decode: fewest unfinished tokens among those with room
+    (only decoding workers enter the walk: under disaggregation the least loaded are often the
+    prefill workers, and the walk would pass each of them)."""
+    return first_fitting([w for w in workers if w.role.decodes], lambda w: has_room(req, w))

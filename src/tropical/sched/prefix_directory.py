@@ -42,15 +42,24 @@ class PrefixDirectory:
         the first, it holds (the workers left at each depth are those holding every block so
         far, so the walk costs the holders of its first blocks, not the fleet)."""
         runs: dict[int, int] = {}
-        left: set[int] | None = None
+        left: set[int] = set()
+        depth = 0
         prefix: tuple[Hashable, ...] = req.prefix
-        for depth, key in enumerate(prefix, start=1):
+        for key in prefix:
             held = self.holders.get(key)
-            left = (set(held) if left is None else left & held) if held else set()
-            if not left:
+            if not held:
                 break
-            for worker_id in left:
+            if depth and len(held) >= len(left) and held.issuperset(left):
+                depth += 1
+                continue
+            kept = set(held) if not depth else left & held
+            if not kept:
+                break
+            for worker_id in left - kept:
                 runs[worker_id] = depth
+            left, depth = kept, depth + 1
+        for worker_id in left:
+            runs[worker_id] = depth
         return runs
 
     def deepest_holders(self, req: Request) -> set[int]:

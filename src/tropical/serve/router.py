@@ -1,12 +1,18 @@
-"""The router: asyncio, HTTP streams and worker drivers around sched's ``Cluster``.
+"""The routers: asyncio, HTTP streams and worker drivers around sched's ``Cluster``.
 
-The Cluster decides (the same one the simulator drives); the router carries out its effects on
-real worker processes. Each worker's driver task runs its iterations as nano-vllm's engine runs its
-steps: schedule (``Cluster.plan``), execute (the worker runs the step), post-process (``Cluster.book``
-the sampled tokens, stream them, then do what the booking asks: migrate KV, free KV, wake workers).
-Aborts and migrated KV are applied between the iterations of the worker holding the request. A
-worker that dies fails or re-runs its requests and leaves the policy's view; one its backend
-restarts (Ray) comes back with an empty KV cache (``revive``).
+The Cluster decides (the same one the simulator drives); a router carries out its effects on real
+workers. ``RouterBase`` is what every substrate shares: admitting or refusing a request, running
+again one whose worker died before its first token, each worker's load in /metrics, the drain, and
+the dispatch of the Cluster's effects to the substrate's own ways of carrying them out. Own-engine
+workers are stepped (``Router``, here); vLLM instances plan their own iterations
+(``vllm.driver.VllmDriver``).
+
+``Router``'s driver task for each worker runs its iterations as nano-vllm's engine runs its
+steps: schedule (``Cluster.plan``), execute (the worker runs the step), post-process
+(``Cluster.book`` the sampled tokens, stream them, then do what the booking asks: migrate KV, free
+KV, wake workers). Aborts and migrated KV are applied between the iterations of the worker holding
+the request. A worker that dies fails or re-runs its requests and leaves the policy's view; one its
+backend restarts (Ray) comes back with an empty KV cache (``revive``).
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar, cast
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
@@ -65,61 +72,54 @@ class RouterSettings:
     max_context: int | None = None
 
 
-def check_capacity(draining: bool, running: bool, workers: Sequence[WorkerState], settings: RouterSettings,
-                   metrics: ServerMetrics, nothing_runs: str) -> None:
-    """Refuse a new request while draining (503), with no worker process running (503, saying
-    ``nothing_runs``) or past ``max_waiting`` queued requests (429); both routers ask this."""
-    if draining:
-        raise Rejected(503, SHUTTING_DOWN)
-    if not running:
-        raise Rejected(503, nothing_runs)
-    waiting = sum(len(w.waiting) for w in workers if w.alive)
-    if waiting >= settings.max_waiting:
-        metrics.record_rejection("queue_full")
-        raise Rejected(429, f"server overloaded: {waiting} requests waiting "
-                            f"(limit {settings.max_waiting}); retry later")
-
-
 def refusal(effects: list[Effect]) -> str | None:
     """Why the cluster refused an arriving request, if it did."""
     return next((e.reason for e in effects if isinstance(e, Fail)), None)
 
 
-@dataclass(frozen=True, slots=True)
-class Iteration:
-    """An iteration planned on ``worker``: its batch, the step the worker runs for it, when it
-    started and how long the policy expects it to take."""
-
-    worker: WorkerState
-    batch: Batch
-    step: Step
-    start: float
-    predicted: float
+async def cancel(tasks: Iterable[asyncio.Task]) -> None:
+    """Cancel ``tasks`` and wait until each has ended."""
+    cancelled = list(tasks)
+    for task in cancelled:
+        task.cancel()
+    await asyncio.gather(*cancelled, return_exceptions=True)
 
 
-class Router:
-    """The Cluster, the drivers of the workers it runs on, and the requests in flight."""
+class Client(Protocol):
+    """What every router asks of a worker's client, whatever runs behind it."""
 
-    def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerHandle],
-                 tokenizer: Tokenizer, reference: LatencyModel,
-                 settings: RouterSettings, metrics: ServerMetrics,
-                 clock: Callable[[], float] = time.monotonic,
-                 iteration_log: IterationLog | None = None) -> None:
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def node(self) -> str: ...
+
+
+C = TypeVar("C", bound=Client)
+
+
+class RouterBase(ABC, Generic[C]):
+    """The Cluster, the clients of the workers it runs on, and the requests in flight; what every
+    substrate's router does with them. A subclass says how its workers carry out the Cluster's
+    effects (``_wake``, ``_migrate``; ``_assigned``, ``_free`` and ``_release`` where they need
+    doing) and how a request in flight is stopped there (``_stop``)."""
+
+    WORKER: ClassVar[str] = "worker"
+    """What the messages call a worker."""
+
+    def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[C],
+                 tokenizer: Tokenizer, reference: LatencyModel, settings: RouterSettings,
+                 metrics: ServerMetrics, clock: Callable[[], float]) -> None:
         self.cluster = Cluster(workers, policy, settings.max_context)
         self.clients = list(clients)
-        self.drivers = [WorkerDriver(i, client) for i, client in enumerate(self.clients)]
         self.inflight = InFlight(tokenizer, metrics, clock)
         self.tokenizer = tokenizer
         self.reference = reference
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
-        self.iteration_log = iteration_log
-        self._ids = itertools.count()
         self.draining = False
-        for client in self.clients:
-            client.on_death = self._worker_died
-            client.on_revive = self.revive
+        self._ids = itertools.count()
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -129,29 +129,23 @@ class Router:
     def handles(self) -> dict[int, RequestHandle]:
         return self.inflight.handles
 
-    @property
-    def sequences(self) -> dict[int, TokenSequence]:
-        return self.inflight.sequences
-
     def start(self) -> None:
-        for driver in self.drivers:
-            driver.run(self._drive(driver))
+        """Show every worker's load from the start (a subclass starts its tasks first)."""
         for worker in self.workers:
             self._report(worker)
 
-    async def stop(self) -> None:
-        tasks = [d.task for d in self.drivers if d.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    @property
+    def unavailable(self) -> str | None:
+        """Why no new request could be served now (for /health), or None when one could: the
+        admission rules applied to the smallest request."""
+        return SHUTTING_DOWN if self.draining else serving_error(self.workers)
 
     def slo_of(self, submission: Submission) -> SLO:
         return submission.slo(self.settings.slo, self.reference)
 
     def submit(self, submission: Submission) -> RequestHandle:
-        """Admit a request and let the policy place its prefill; raises Rejected."""
-        check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
-                       self.metrics, "no worker is running")
+        """Admit a request and let the Cluster place its prefill; raises Rejected."""
+        self._check_capacity()
         now = self.clock()
         req = self._request(next(self._ids), now, submission, submission.max_tokens, self.slo_of(submission))
         effects = self.cluster.arrive(req, now)
@@ -161,6 +155,19 @@ class Router:
         handle = self.inflight.open(req, submission)
         self._carry_out(effects)
         return handle
+
+    def _check_capacity(self) -> None:
+        """Refuse a new request while draining (503), with no worker running (503) or past
+        ``max_waiting`` queued requests (429)."""
+        if self.draining:
+            raise Rejected(503, SHUTTING_DOWN)
+        if not any(c.alive for c in self.clients):
+            raise Rejected(503, f"no {self.WORKER} is running")
+        waiting = sum(len(w.waiting) for w in self.workers if w.alive)
+        if waiting >= self.settings.max_waiting:
+            self.metrics.record_rejection("queue_full")
+            raise Rejected(429, f"server overloaded: {waiting} requests waiting "
+                                f"(limit {self.settings.max_waiting}); retry later")
 
     def _rejected(self, effects: list[Effect], reason: str) -> Rejected:
         """What refusing an arriving request answers: the admission stage's refusal is a 429
@@ -184,29 +191,184 @@ class Router:
                        prefix_block=kv.block_size)
 
     def abort(self, rid: int) -> None:
-        """The client went away: stop generating and free the request's KV at the next boundary."""
+        """The client went away: stop generating and free the request's KV."""
         if self.inflight.leave(rid):
-            self._abort_on(self.cluster.where(rid), rid)
+            self._stop(rid)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish; those
+        still running then end with an error saying why, so no stream is cut without one, and are
+        stopped on their workers (as for a client that left)."""
+        self.draining = True
+        deadline = self.clock() + timeout
+        while self.handles and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+        for handle in list(self.handles.values()):
+            self.inflight.end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
+                                                 "request finished", 503)
+            self._stop(handle.req.id)
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Do what the Cluster asks, on the workers and the streams."""
+        for effect in effects:
+            if isinstance(effect, Assigned):
+                self.metrics.record_path(effect.request.path.value)
+                self._assigned(effect)
+            elif isinstance(effect, Wake):
+                self._wake(effect.worker_id)
+            elif isinstance(effect, Migrate):
+                self._migrate(effect)
+            elif isinstance(effect, Free):
+                self._free(effect)
+            elif isinstance(effect, Fail):
+                self._dropped(effect)
+
+    def _dropped(self, fail: Fail) -> None:
+        """The Cluster dropped a request: the server could not serve it (503), or the admission
+        stage refused it while it queued (429)."""
+        self._release(fail.request.id)
+        if fail.refusal is not None:
+            self.metrics.record_rejection(fail.refusal.reason)
+        self.inflight.fail(fail.request, fail.reason, 503 if fail.refusal is None else 429)
+
+    def _fail(self, rid: int, reason: str) -> None:
+        """End ``rid`` with an internal error (500) and drop it from the Cluster, which frees its
+        KV and wakes what waited for it; every other request goes on."""
+        handle = self.inflight.handles.get(rid)
+        self._drop(rid)
+        if handle is not None:
+            self.inflight.end_with_error(handle, reason, 500)
+
+    def _drop(self, rid: int) -> None:
+        """Take ``rid`` out of the Cluster, and what its worker runs for it."""
+        self._release(rid)
+        self.inflight.forget(rid)
+        self._carry_out(self.cluster.abort(rid, self.clock()))
+
+    def _worker_died(self, worker_id: int) -> None:
+        """Take the dead worker out of the Cluster and keep serving: requests that have streamed
+        nothing yet start over elsewhere (unless they asked not to), the rest end with a clear
+        error."""
+        lost, effects = self.cluster.worker_died(worker_id, self.clock())
+        self._died(worker_id)
+        for req in lost:
+            self._release(req.id)
+            handle = self.inflight.lost(req, worker_id)
+            if handle is not None:
+                self._rerun(handle)
+        self._report(self.workers[worker_id])
+        self._carry_out(effects)
+
+    def _rerun(self, handle: RequestHandle) -> None:
+        """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
+        old, sub = handle.req, handle.submission
+        req = self._request(old.id, old.arrival, sub, old.output_len, old.slo)
+        handle.req = req
+        effects = self.cluster.arrive(req, self.clock())
+        refused = refusal(effects)
+        if refused is not None:
+            self.inflight.fail(req, f"its {self.WORKER} died and no live {self.WORKER} can run it: {refused}")
+            return
+        self.inflight.track(req, sub)
+        self.metrics.record_request("rerun")
+        self._carry_out(effects)
+
+    def _revived(self, worker_id: int) -> None:
+        """A restarted worker serves again: the Cluster gets a fresh state of it (empty KV pool)
+        with the old role, rules, latency and cache size, and /metrics counts the revival."""
+        effects = self.cluster.worker_revived(worker_id, self.clock())
+        self.metrics.record_revival(worker_id)
+        self._report(self.workers[worker_id])
+        self._carry_out(effects)
+
+    def _report(self, worker: WorkerState) -> None:
+        """A worker's load into /metrics; a dead one runs nothing, whatever its last state held."""
+        kv, alive = worker.kv, worker.alive
+        used = kv.used_blocks / kv.capacity_blocks if kv.capacity_blocks and alive else 0.0
+        running, waiting = (len(worker.running), len(worker.waiting)) if alive else (0, 0)
+        self.metrics.set_worker(worker.id, worker.role.value, running, waiting, used, alive=alive,
+                                node=self.clients[worker.id].node)
+
+    @abstractmethod
+    def _stop(self, rid: int) -> None:
+        """Stop running ``rid``, whose stream has ended, on its worker and free its KV."""
+
+    @abstractmethod
+    def _wake(self, worker_id: int) -> None:
+        """The worker has new work: have it plan its next iteration."""
+
+    @abstractmethod
+    def _migrate(self, move: Migrate) -> None:
+        """Move a prefilled request's KV from its source to its target."""
+
+    def _assigned(self, placed: Assigned) -> None:
+        """The Cluster placed a request on a worker (stepped workers need nothing: it is planned)."""
+
+    def _free(self, free: Free) -> None:
+        """The Cluster freed a request's KV on a worker (self-scheduled ones free it themselves)."""
+
+    def _release(self, rid: int) -> None:
+        """Let go of what this router runs for ``rid`` beyond the Cluster's copy (nothing here)."""
+
+    def _died(self, worker_id: int) -> None:
+        """The Cluster has let a dead worker go: end what was under way with it (nothing here)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    """An iteration planned on ``worker``: its batch, the step the worker runs for it, when it
+    started and how long the policy expects it to take."""
+
+    worker: WorkerState
+    batch: Batch
+    step: Step
+    start: float
+    predicted: float
+
+
+class Router(RouterBase[WorkerHandle]):
+    """The Cluster over own-engine workers, the driver of each, and the requests in flight."""
+
+    def __init__(self, policy: Policy, workers: Sequence[WorkerState], clients: Sequence[WorkerHandle],
+                 tokenizer: Tokenizer, reference: LatencyModel,
+                 settings: RouterSettings, metrics: ServerMetrics,
+                 clock: Callable[[], float] = time.monotonic,
+                 iteration_log: IterationLog | None = None) -> None:
+        super().__init__(policy, workers, clients, tokenizer, reference, settings, metrics, clock)
+        self.drivers = [WorkerDriver(i, client) for i, client in enumerate(self.clients)]
+        self.iteration_log = iteration_log
+        for client in self.clients:
+            client.on_death = self._worker_died
+            client.on_revive = self.revive
+
+    @property
+    def sequences(self) -> dict[int, TokenSequence]:
+        return self.inflight.sequences
+
+    def start(self) -> None:
+        for driver in self.drivers:
+            driver.run(self._drive(driver))
+        super().start()
+
+    async def stop(self) -> None:
+        await cancel(d.task for d in self.drivers if d.task is not None)
+
+    def _stop(self, rid: int) -> None:
+        """Drop ``rid`` at its worker's next boundary (it may be in the middle of a step)."""
+        self._abort_on(self.cluster.where(rid), rid)
 
     def _abort_on(self, worker_id: int | None, rid: int) -> None:
         if worker_id is not None:
             self.drivers[worker_id].abort(rid)
 
-    def _carry_out(self, effects: list[Effect]) -> None:
-        """Do what the cluster asks, on the worker processes and the streams."""
-        for effect in effects:
-            if isinstance(effect, Assigned):
-                self.metrics.record_path(effect.request.path.value)
-            elif isinstance(effect, Wake):
-                self.drivers[effect.worker_id].wake()
-            elif isinstance(effect, Migrate):
-                asyncio.create_task(self._migrate(effect))
-            elif isinstance(effect, Free):
-                self.drivers[effect.worker_id].free(effect.request_id)
-            elif isinstance(effect, Fail):
-                if effect.refusal is not None:
-                    self.metrics.record_rejection(effect.refusal.reason)
-                self.inflight.fail(effect.request, effect.reason, 503 if effect.refusal is None else 429)
+    def _wake(self, worker_id: int) -> None:
+        self.drivers[worker_id].wake()
+
+    def _migrate(self, move: Migrate) -> None:
+        asyncio.create_task(self._export(move))
+
+    def _free(self, free: Free) -> None:
+        self.drivers[free.worker_id].free(free.request_id)
 
     async def _drive(self, driver: WorkerDriver) -> None:
         """Run this worker's iterations back to back while it has work; sleep otherwise. A bug in
@@ -247,8 +409,7 @@ class Router:
             if at != driver.worker_id:  # it moved since: drop it between its new worker's iterations
                 self._abort_on(at, rid)
                 continue
-            self.inflight.forget(rid)
-            self._carry_out(self.cluster.abort(rid, self.clock()))
+            self._drop(rid)
         await self._land(driver)
 
     def _schedule(self, driver: WorkerDriver) -> Iteration | None:
@@ -320,7 +481,7 @@ class Router:
             self.iteration_log.write(IterationRecord(worker_id, iteration.start, batch.shape, wall, compute,
                                                      iteration.predicted))
 
-    async def _migrate(self, move: Migrate) -> None:
+    async def _export(self, move: Migrate) -> None:
         """Stage a prefilled request's KV on its source for the target's driver, which imports it
         at its next boundary."""
         try:
@@ -362,75 +523,18 @@ class Router:
         landing.release()
 
     def _fail_requests(self, rids: list[int], reason: str) -> None:
-        """Between iterations: end ``rids`` with an internal error (500) and drop them from the
-        cluster, which frees their KV and wakes what waited for it; every other request goes on."""
+        """Between iterations: end ``rids`` with an internal error (500); every other request goes on."""
         for rid in rids:
-            handle = self.inflight.handles.get(rid)
-            self.inflight.forget(rid)
-            self._carry_out(self.cluster.abort(rid, self.clock()))
-            if handle is not None:
-                self.inflight.end_with_error(handle, reason, 500)
+            self._fail(rid, reason)
 
-    def _worker_died(self, worker_id: int) -> None:
-        """Take the dead worker out of the policy's view and keep serving: requests that have
-        streamed nothing yet start over elsewhere (unless they asked not to), the rest end with a
-        clear error."""
-        lost, effects = self.cluster.worker_died(worker_id, self.clock())
+    def _died(self, worker_id: int) -> None:
+        """The KV staged for the dead worker will not land: its migrations fail (or retry)."""
         for landing in self.drivers[worker_id].take_landings():
             self._migration_failed(landing, f"KV migration failed: worker {worker_id} died")
-        for req in lost:
-            handle = self.inflight.lost(req, worker_id)
-            if handle is not None:
-                self._rerun(handle)
-        self.metrics.set_worker(worker_id, self.workers[worker_id].role.value, 0, 0, 0.0, alive=False,
-                                node=self.clients[worker_id].node)
-        self._carry_out(effects)
 
     def revive(self, worker_id: int) -> None:
-        """A restarted worker serves again: a fresh state (empty KV pool) with the old role, rules,
-        latency and cache size, and a new driver task in place of the dead one's."""
-        effects = self.cluster.worker_revived(worker_id, self.clock())
+        """A restarted worker serves again, with a new driver task in place of the dead one's."""
         driver = self.drivers[worker_id]
         driver.forget()
         driver.run(self._drive(driver))
-        self.metrics.record_revival(worker_id)
-        self._report(self.workers[worker_id])
-        self._carry_out(effects)
-
-    def _rerun(self, handle: RequestHandle) -> None:
-        """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
-        old, sub = handle.req, handle.submission
-        req = self._request(old.id, old.arrival, sub, old.output_len, old.slo)
-        handle.req = req
-        effects = self.cluster.arrive(req, self.clock())
-        refused = refusal(effects)
-        if refused is not None:
-            self.inflight.fail(req, f"its worker died and no live worker can run it: {refused}")
-            return
-        self.inflight.track(req, sub)
-        self.metrics.record_request("rerun")
-        self._carry_out(effects)
-
-    def _report(self, worker: WorkerState) -> None:
-        used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0
-        self.metrics.set_worker(worker.id, worker.role.value, len(worker.running), len(worker.waiting),
-                                used, alive=worker.alive, node=self.clients[worker.id].node)
-
-    @property
-    def unavailable(self) -> str | None:
-        """Why no new request could be served now (for /health), or None when one could: the
-        admission rules applied to the smallest request."""
-        return SHUTTING_DOWN if self.draining else serving_error(self.workers)
-
-    async def drain(self, timeout: float) -> None:
-        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish; those
-        still running then end with an error saying why, so no stream is cut without one (their
-        KV is dropped at their worker's next boundary, as for a client that left)."""
-        self.draining = True
-        deadline = self.clock() + timeout
-        while self.handles and self.clock() < deadline:
-            await asyncio.sleep(0.05)
-        for handle in list(self.handles.values()):
-            self.inflight.end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
-                                                 "request finished", 503)
-            self._abort_on(self.cluster.where(handle.req.id), handle.req.id)
+        self._revived(worker_id)

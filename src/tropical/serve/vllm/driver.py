@@ -26,7 +26,6 @@ port (an attached one is waited for) and re-added (``revivals`` in /metrics).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,15 +36,12 @@ from typing import TYPE_CHECKING, Any
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.core.sampling import SamplingParams
-from tropical.engine.block_hash import block_hashes
-from tropical.sched.admission import NO_LIVE_WORKER, serving_error
-from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Migrate, Wake
+from tropical.sched.cluster import Assigned, Migrate
 from tropical.sched.policy import Policy
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
-from tropical.serve.inflight import InFlight
 from tropical.serve.metrics import ServerMetrics
-from tropical.serve.router import SHUTTING_DOWN, Rejected, RouterSettings, check_capacity, refusal
+from tropical.serve.router import Rejected, RouterBase, RouterSettings, cancel
 from tropical.serve.streams import RequestHandle, Submission
 from tropical.serve.vllm.instance import InstanceDied, InstanceError, VllmInstance, cached_tokens
 
@@ -59,120 +55,74 @@ PROBE_INTERVAL_S = 1.0
 RESTART_PAUSE_S = 5.0
 
 
-class VllmDriver:
+class VllmDriver(RouterBase[VllmInstance]):
     """The Cluster over vLLM instances, the instances, and the requests in flight."""
+
+    WORKER = "vLLM instance"
 
     def __init__(self, policy: Policy, workers: Sequence[WorkerState], instances: Sequence[VllmInstance],
                  tokenizer: Tokenizer, reference: LatencyModel, settings: RouterSettings,
                  metrics: ServerMetrics, start_timeout: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.cluster = Cluster(workers, policy, settings.max_context)
-        self.clients = list(instances)
-        self.inflight = InFlight(tokenizer, metrics, clock)
-        self.tokenizer = tokenizer
-        self.reference = reference
-        self.settings = settings
-        self.metrics = metrics
+        super().__init__(policy, workers, instances, tokenizer, reference, settings, metrics, clock)
         self.start_timeout = start_timeout
-        self.clock = clock
-        self.draining = False
-        self._ids = itertools.count()
         self._tasks: dict[int, asyncio.Task] = {}
         self._handoffs: dict[int, dict[str, Any]] = {}
         self._background: set[asyncio.Task] = set()
         for i, instance in enumerate(self.clients):
-            instance.on_death = partial(self._instance_died, i)
-
-    @property
-    def workers(self) -> list[WorkerState]:
-        return self.cluster.workers
-
-    @property
-    def handles(self) -> dict[int, RequestHandle]:
-        return self.inflight.handles
+            instance.on_death = partial(self._worker_died, i)
 
     def start(self) -> None:
         self._spawn(self._watch(), "vllm-watch")
-        for worker in self.workers:
-            self._report(worker)
+        super().start()
 
     async def stop(self) -> None:
-        tasks = [*self._tasks.values(), *self._background]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel([*self._tasks.values(), *self._background])
         for instance in self.clients:
             await instance.close()
 
-    @property
-    def unavailable(self) -> str | None:
-        """Why no new request could be served now (for /health), or None when one could."""
-        return SHUTTING_DOWN if self.draining else serving_error(self.workers)
-
     def submit(self, submission: Submission) -> RequestHandle:
-        """Admit a request and let the Cluster place its prefill; raises Rejected."""
-        check_capacity(self.draining, any(c.alive for c in self.clients), self.workers, self.settings,
-                       self.metrics, "no vLLM instance is running")
+        """Refuse what the router cannot carry back from vLLM (400), then admit as any router."""
         unsupported = unsupported_over_vllm(submission)
         if unsupported is not None:
             raise Rejected(400, f"{unsupported} is not supported with --engine vllm: the router streams "
                                 f"token ids from the instances and does not yet carry it back (use "
                                 f"--engine tropical)")
-        now = self.clock()
-        kv = self.workers[0].kv
-        prefix = block_hashes(submission.prompt_ids, kv.block_size) if kv.cache is not None else ()
-        req = Request(next(self._ids), now, len(submission.prompt_ids), submission.max_tokens,
-                      submission.slo(self.settings.slo, self.reference), prefix=prefix,
-                      prefix_block=kv.block_size)
-        effects = self.cluster.arrive(req, now)
-        refused = refusal(effects)
-        if refused is not None:
-            raise Rejected(503 if refused.startswith(NO_LIVE_WORKER) else 400, refused)
-        handle = self.inflight.open(req, submission)
-        self._carry_out(effects)
-        return handle
+        return super().submit(submission)
 
-    def abort(self, rid: int) -> None:
-        """The client went away: closing its connection to vLLM aborts it there and frees its KV."""
-        if self.inflight.leave(rid):
-            self._drop(rid)
+    def _stop(self, rid: int) -> None:
+        """Closing the request's connection to vLLM aborts it there and frees its KV."""
+        self._drop(rid)
 
-    def _drop(self, rid: int) -> None:
-        """End ``rid``'s task and take it out of the Cluster."""
+    def _release(self, rid: int) -> None:
+        """End ``rid``'s task and forget its hand-off."""
         self._cancel(rid)
         self._handoffs.pop(rid, None)
-        self.inflight.forget(rid)
-        self._carry_out(self.cluster.abort(rid, self.clock()))
 
     def _cancel(self, rid: int) -> None:
         task = self._tasks.pop(rid, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
-    def _carry_out(self, effects: list[Effect]) -> None:
-        """Do what the Cluster asks. ``Free`` needs nothing: vLLM frees a request's KV when its
-        stream ends or closes, and a prefill's once the decode instance has pulled it."""
-        for effect in effects:
-            if isinstance(effect, Assigned):
-                self.metrics.record_path(effect.request.path.value)
-                self._run(effect.request, effect.worker_id, None)
-            elif isinstance(effect, Wake):
-                self.cluster.replan(effect.worker_id, self.clock())
-                self._report(self.workers[effect.worker_id])
-            elif isinstance(effect, Migrate):
-                self._run(effect.request, effect.target, effect)
-            elif isinstance(effect, Fail):
-                self._cancel(effect.request.id)
-                self._handoffs.pop(effect.request.id, None)
-                self.inflight.fail(effect.request, effect.reason)
+    def _assigned(self, placed: Assigned) -> None:
+        self._run(placed.request, placed.worker_id, None)
+
+    def _wake(self, worker_id: int) -> None:
+        """A new request joins the iteration the mirror plans."""
+        self.cluster.replan(worker_id, self.clock())
+        self._report(self.workers[worker_id])
+
+    def _migrate(self, move: Migrate) -> None:
+        """The decode instance pulls the KV when it gets the request with the prefill's reply."""
+        self._run(move.request, move.target, move)
 
     def _run(self, req: Request, worker_id: int, move: Migrate | None) -> None:
         """Start ``req``'s task on ``worker_id`` (in place of one elsewhere: the policy moved it)."""
         self._cancel(req.id)
-        task = asyncio.create_task(self._request(req, worker_id, move), name=f"request-{req.id}")
+        task = asyncio.create_task(self._serve(req, worker_id, move), name=f"request-{req.id}")
         self._tasks[req.id] = task
 
-    async def _request(self, req: Request, worker_id: int, move: Migrate | None) -> None:
+    async def _serve(self, req: Request, worker_id: int, move: Migrate | None) -> None:
         """One request on one instance, failures included (a death is the death's business)."""
         try:
             if move is None and self.workers[worker_id].role is Role.PREFILL:
@@ -272,42 +222,9 @@ class VllmDriver:
         else:
             self._fail(req.id, reason)
 
-    def _fail(self, rid: int, reason: str) -> None:
-        """End ``rid`` with an internal error (500) and take it out of the Cluster."""
-        handle = self.inflight.handles.get(rid)
-        self._drop(rid)
-        if handle is not None:
-            self.inflight.end_with_error(handle, reason, 500)
-
-    def _instance_died(self, worker_id: int) -> None:
-        """Take the dead instance out of the Cluster and keep serving: requests that have streamed
-        nothing yet start over elsewhere (unless they asked not to), the rest end with a clear
-        error; then bring the instance back."""
-        lost, effects = self.cluster.worker_died(worker_id, self.clock())
-        for req in lost:
-            self._cancel(req.id)
-            self._handoffs.pop(req.id, None)
-            handle = self.inflight.lost(req, worker_id)
-            if handle is not None:
-                self._rerun(handle)
-        self._report(self.workers[worker_id])
-        self._carry_out(effects)
+    def _died(self, worker_id: int) -> None:
+        """Bring the dead instance back."""
         self._spawn(self._revive(worker_id), f"revive-{worker_id}")
-
-    def _rerun(self, handle: RequestHandle) -> None:
-        """Submit ``handle``'s request again from its prompt, as a fresh arrival at its old time."""
-        old = handle.req
-        req = Request(old.id, old.arrival, old.prompt_len, old.output_len, old.slo, prefix=old.prefix,
-                      prefix_block=old.prefix_block)
-        handle.req = req
-        effects = self.cluster.arrive(req, self.clock())
-        refused = refusal(effects)
-        if refused is not None:
-            self.inflight.fail(req, f"its vLLM instance died and no live instance can run it: {refused}")
-            return
-        self.inflight.track(req, handle.submission)
-        self.metrics.record_request("rerun")
-        self._carry_out(effects)
 
     async def _revive(self, worker_id: int) -> None:
         """Restart the instance (the same launch: role, port, cores) until it answers, then give
@@ -319,10 +236,7 @@ class VllmDriver:
             except (RuntimeError, TimeoutError, OSError) as exc:
                 log.warning("vLLM instance %d did not come back (%s); trying again", worker_id, exc)
                 await asyncio.sleep(RESTART_PAUSE_S)
-        effects = self.cluster.worker_revived(worker_id, self.clock())
-        self.metrics.record_revival(worker_id)
-        self._report(self.workers[worker_id])
-        self._carry_out(effects)
+        self._revived(worker_id)
 
     async def _watch(self) -> None:
         """Probe live instances, so a death is noticed even with nothing in flight there."""
@@ -345,24 +259,6 @@ class VllmDriver:
         if sub.params.seed is not None:
             body["seed"] = sub.params.seed
         return body | sampling_controls(sub.params)
-
-    def _report(self, worker: WorkerState) -> None:
-        used = worker.kv.used_blocks / worker.kv.capacity_blocks if worker.kv.capacity_blocks else 0.0
-        self.metrics.set_worker(worker.id, worker.role.value, len(worker.running), len(worker.waiting),
-                                used, alive=worker.alive, node=self.clients[worker.id].node)
-
-    async def drain(self, timeout: float) -> None:
-        """Stop taking requests and wait (up to ``timeout``) for those in flight to finish; those
-        still running then end with an error saying why, and their vLLM requests are aborted."""
-        self.draining = True
-        deadline = self.clock() + timeout
-        while self.handles and self.clock() < deadline:
-            await asyncio.sleep(0.05)
-        for handle in list(self.handles.values()):
-            rid = handle.req.id
-            self.inflight.end_with_error(handle, f"{SHUTTING_DOWN}: its drain timeout passed before this "
-                                                 "request finished", 503)
-            self._drop(rid)
 
 
 def sampling_controls(params: SamplingParams) -> dict[str, Any]:

@@ -170,6 +170,22 @@ def test_a_request_whose_worker_dies_after_its_first_token_fails_with_503() -> N
     run(body)
 
 
+def test_a_dead_worker_shows_no_load_though_its_last_state_held_a_request() -> None:
+    async def body() -> None:
+        router, fakes = make_router("colocated", (64,), delay=0.01)
+        handle = submit(router, max_tokens=200)
+        await asyncio.wait_for(handle.events.get(), 5)
+        fakes[0].die()
+        await final(handle)
+        assert router.workers[0].running, "the dead worker's last state still lists its request"
+        labels = {"worker": "0", "role": router.workers[0].role.value, "node": "local"}
+        gauges = ("tropical_worker_up", "tropical_worker_running", "tropical_worker_waiting",
+                  "tropical_worker_kv_usage")
+        assert [router.metrics.registry.get_sample_value(g, labels) for g in gauges] == [0, 0, 0, 0]
+        await router.stop()
+    run(body)
+
+
 def test_losing_the_only_decoding_worker_makes_the_router_unavailable() -> None:
     async def body() -> None:
         router, fakes = make_router("disagg", (64, 64))

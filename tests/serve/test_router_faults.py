@@ -157,12 +157,18 @@ def test_an_abort_on_the_decoding_worker_wakes_a_migration_waiting_for_room() ->
     run(body)
 
 
+async def died_mid_stream() -> tuple[Router, RequestHandle]:
+    """A router whose one worker dies after streaming a request's first token."""
+    router, fakes = make_router("colocated", (64,), delay=0.01)
+    handle = submit(router, max_tokens=200)
+    await asyncio.wait_for(handle.events.get(), 5)
+    fakes[0].die()
+    return router, handle
+
+
 def test_a_request_whose_worker_dies_after_its_first_token_fails_with_503() -> None:
     async def body() -> None:
-        router, fakes = make_router("colocated", (64,), delay=0.01)
-        handle = submit(router, max_tokens=200)
-        await asyncio.wait_for(handle.events.get(), 5)
-        fakes[0].die()
+        router, handle = await died_mid_stream()
         failed = await final(handle)
         assert failed.status == 503 and "generated" in (failed.error or "")
         assert router.unavailable is not None and "no live worker" in router.unavailable
@@ -172,10 +178,7 @@ def test_a_request_whose_worker_dies_after_its_first_token_fails_with_503() -> N
 
 def test_a_dead_worker_shows_no_load_though_its_last_state_held_a_request() -> None:
     async def body() -> None:
-        router, fakes = make_router("colocated", (64,), delay=0.01)
-        handle = submit(router, max_tokens=200)
-        await asyncio.wait_for(handle.events.get(), 5)
-        fakes[0].die()
+        router, handle = await died_mid_stream()
         await final(handle)
         assert router.workers[0].running, "the dead worker's last state still lists its request"
         labels = {"worker": "0", "role": router.workers[0].role.value, "node": "local"}

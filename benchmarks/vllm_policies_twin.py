@@ -14,8 +14,9 @@ the id): so each run's twin starts with the prompts each instance computed or re
 runs before it, in the order vllm_policies.sh ran them (repeats, then rates, then policies), as
 the requests.jsonl of those runs place them. The table
 gives, per policy and rate, the measured goodput as mean (min..max) over the repeats, the twin's
-mean, and the twin's error; then the median and largest error over all cells. OUT/twin.json holds
-every run's pair.
+mean, and the twin's error; then the median and largest error over all cells; then, per cell, the
+SLO misses and median TPOT on each instance, measured beside the twin. OUT/twin.json holds every
+run's pair, its TPOTs by instance and its paths.
 
 Usage: python benchmarks/vllm_policies_twin.py OUT   (SLO_TTFT_MS, SLO_TPOT_MS as for the runs)
 """
@@ -27,6 +28,7 @@ import os
 import re
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 from tropical.bench.plan import PlannedRequest
@@ -124,7 +126,8 @@ def pairs(out: Path, slo: SLO) -> list[dict]:
         rows.append({"policy": name, "rate_scale": float(match["rate"]), "repeat": int(match["repeat"]),
                      "rate_rps": measured["rate_rps"], "measured": measured["goodput_rps"],
                      "twin": goodput(twin.requests), "measured_by_instance": measured_spans(name, run, slo),
-                     "twin_by_instance": twin_spans(twin.requests, slo)})
+                     "twin_by_instance": twin_spans(twin.requests, slo), "paths": measured.get("paths", {}),
+                     "twin_paths": dict(Counter(r.path.name.lower() for r in twin.requests))})
     return rows
 
 

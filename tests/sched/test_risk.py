@@ -61,6 +61,14 @@ def test_a_kept_view_answers_only_for_its_queue_and_start():
     assert not risk.kept_for(priced, 0.5) and not risk.kept_for(queue([0.6, 0.6], [1.0, 1.0]), 0.0)
 
 
+def test_an_empty_queue_is_kept_from_any_start_but_not_for_another_queue():
+    empty = ()
+    risk = QueueRisk.of(empty, 0.0)
+    assert risk.kept_for(empty, 7.5) and risk.late == []
+    assert not risk.kept_for(queue([0.6], [1.0]), 0.0)
+    assert not QueueRisk.of(queue([0.6], [1.0]), 0.0).kept_for(empty, 0.0)
+
+
 def test_the_open_prompts_shrink_as_time_passes_and_come_back_if_it_goes_back():
     risk = QueueRisk.of(queue([0.6, 0.6], [1.0, 1.0]), 0.0)
     assert [e[2].id for e in risk.open_at(0.0)] == [1]

@@ -57,8 +57,10 @@ class QueueRisk:
         return QueueRisk(priced, start, late, late)
 
     def kept_for(self, priced: Priced, start: float) -> bool:
-        """Does this still answer for ``priced`` with its worker free from ``start``?"""
-        return self.priced is priced and self.start == start
+        """Does this still answer for ``priced`` with its worker free from ``start``? (An empty
+        queue answers alike from any start: most prefill queues are empty most of the time, and
+        the toggle asks each of them at every iteration end of every worker.)"""
+        return self.priced is priced and (self.start == start or not priced)
 
     def open_at(self, now: float) -> list[_Late]:
         """The at-risk prompts not doomed at ``now``."""

@@ -67,7 +67,8 @@ class Simulator:
     """Replays requests through a policy on a set of workers; deterministic for its inputs.
     ``decision_s``: the wall time of each decision the cluster made (an arrival, or an
     iteration's end: the policy's choices with the bookkeeping they read), for what a live
-    router would spend per event."""
+    router would spend per event. ``settled``: how many decode runs were booked in part to bring
+    the workers up to date for a decision (each is work an event costs beyond its own)."""
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
                  requests: Sequence[Request], max_context: int | None = None,
@@ -94,6 +95,7 @@ class Simulator:
         self._due: list[tuple[float, int]] = []
         self._versions = itertools.count()
         self.decision_s: list[float] = []
+        self.settled = 0
 
     def run(self) -> list[Request]:
         """Simulate until every request has finished or failed; returns them in arrival order."""
@@ -204,6 +206,7 @@ class Simulator:
                 unsettled.append(due)
             else:
                 elapsed = run.elapsed(done)
+                self.settled += 1
                 self.cluster.advance(worker_id, done, flight.start + elapsed, run.iteration(1), run.growth)
                 self.stats[worker_id].busy += elapsed
                 self.stats[worker_id].iterations += done

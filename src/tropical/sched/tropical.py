@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.chunk import Chunk, Lineup
 from tropical.sched.dispatch import (
+    cheapest,
     decode_destination,
     fewest_unfinished,
     first_fitting,
     has_room,
     least_work,
     load,
+    new_token_floors,
 )
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
@@ -268,14 +271,12 @@ class TropicalPolicy(Policy):
         baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
         if self.toggle.least_loaded:
             chosen = (least_work(req, prefill) if self.toggle.cache_aware else fewest_unfinished(prefill))
-            if chosen is None:
-                return None, math.inf
-            return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)
-        options = [(free_at(w, now) + w.prefill_estimate(req), w.id, w) for w in prefill]
-        if not options:
+        else:
+            chosen = cheapest(prefill, finish_floors(req, prefill, now),
+                              lambda w: free_at(w, now) + w.prefill_estimate(req))
+        if chosen is None:
             return None, math.inf
-        finish, _, worker = min(options)
-        return worker, finish
+        return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)
 
     def _queued_at_risk(self, prefill: list[WorkerState], now: float) -> AtRisk[WorkerState]:
         """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO.
@@ -435,6 +436,23 @@ class TropicalPolicy(Policy):
         if target is None:
             raise RuntimeError("no live worker takes new requests")
         return Assignment(req, target.id, PrefillPath.FALLBACK, "no live prefill worker")
+
+
+def finish_floors(req: Request, prefill: list[WorkerState], now: float) -> Callable[[WorkerState], float]:
+    """For each prefill worker, a floor on when it would finish ``req``'s prompt: when it is
+    free, plus the prompt priced with the fewest new tokens its prefix cache could leave (the
+    fleet's directory says; a prompt costs more the more of it is new). Priced once per count
+    of new tokens and latency model, so that Path 1 prices only the workers that could win."""
+    floor = new_token_floors(req, prefill)
+    priced: dict[tuple[int, int], float] = {}
+
+    def bound(worker: WorkerState) -> float:
+        key = (floor(worker), id(worker.latency))
+        seconds = priced.get(key)
+        if seconds is None:
+            seconds = priced[key] = prefill_time(worker.latency, key[0], req.prompt_len - key[0])
+        return free_at(worker, now) + seconds
+    return bound
 
 
 def shortlist(req: Request, multiplex: list[WorkerState],

@@ -16,9 +16,7 @@ from tropical.sched.step import (
     SampleRow,
     StepOutput,
     TokenSequence,
-    grammar_failures,
-    record_logprobs,
-    record_tokens,
+    record_step,
     step_spec,
 )
 
@@ -78,7 +76,7 @@ def test_stop_tokens_end_a_request_past_min_tokens_and_reach_its_grammar() -> No
             1: sequence(1, SamplingParams(stop_token_ids=(7,), min_tokens=5), output=(3,)),
             2: sequence(2, SamplingParams(), output=(3,), ignore_eos=True),
             3: sequence(3, SamplingParams(), output=(3,))}
-    assert record_tokens({0: 7, 1: 7, 2: 0, 3: 0}, seqs, EOS) == [0, 3]
+    assert record_step(StepOutput({0: 7, 1: 7, 2: 0, 3: 0}), seqs, EOS).ended == [0, 3]
     assert grammar.accepted == [7] and seqs[1].output == [3, 7]
 
 
@@ -103,8 +101,8 @@ class Failing(Recorder):
 def test_a_grammar_that_cannot_go_on_marks_its_request_alone() -> None:
     seqs = {0: sequence(0, SamplingParams(), output=(3,), constraint=Failing("accept")),
             1: sequence(1, SamplingParams(), output=(3,), constraint=Recorder())}
-    assert record_tokens({0: 5, 1: 5}, seqs, EOS) == []
-    assert grammar_failures({0: 5, 1: 5}, seqs) == {0: "token 5 does not follow the grammar"}
+    recorded = record_step(StepOutput({0: 5, 1: 5}), seqs, EOS)
+    assert recorded.ended == [] and recorded.failed == {0: "token 5 does not follow the grammar"}
     assert seqs[0].output == [3, 5] and seqs[1].failure is None
     masked = sequence(2, SamplingParams(), output=(3,), constraint=Failing("allowed"))
     assert decoding_row(masked).allowed is None and masked.failure == "the grammar failed"
@@ -115,7 +113,7 @@ def test_an_eos_a_finished_grammar_forced_ends_its_request_short_of_min_tokens()
     request then ends, where an eos without a grammar could not have been drawn."""
     seqs = {0: sequence(0, SamplingParams(min_tokens=5), output=(3,), constraint=Recorder()),
             1: sequence(1, SamplingParams(min_tokens=5), output=(3,))}
-    assert record_tokens({0: 0, 1: 0}, seqs, EOS) == [0]
+    assert record_step(StepOutput({0: 0, 1: 0}), seqs, EOS).ended == [0]
 
 
 def test_prompt_chunks_name_the_tokens_their_positions_predict() -> None:
@@ -133,7 +131,7 @@ def test_prompt_chunks_name_the_tokens_their_positions_predict() -> None:
 def test_logprobs_gather_in_order() -> None:
     seq = sequence(0, SamplingParams(prompt_logprobs=0, logprobs=0), prompt=4)
     first, second = TokenLogprobs(11, -1.0, 1), TokenLogprobs(12, -2.0, 3)
-    record_logprobs(StepOutput({}, {}, {0: [first, second]}), {0: seq})
-    record_logprobs(StepOutput({0: 5}, {0: TokenLogprobs(5, -0.5, 1)}, {0: [TokenLogprobs(13, -3.0, 2)]}),
-                    {0: seq})
+    record_step(StepOutput({}, {}, {0: [first, second]}), {0: seq}, EOS)
+    record_step(StepOutput({0: 5}, {0: TokenLogprobs(5, -0.5, 1)}, {0: [TokenLogprobs(13, -3.0, 2)]}),
+                {0: seq}, EOS)
     assert [s.token for s in seq.prompt_logprobs] == [11, 12, 13] and seq.logprobs[0].token == 5

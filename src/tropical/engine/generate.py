@@ -16,7 +16,7 @@ from tropical.engine.batch import FlatBatch, Span
 from tropical.engine.kv_cache import PagedKVCache
 from tropical.engine.loader import LoadedModel
 from tropical.engine.sampling import SamplingParams, sample_rows
-from tropical.sched.step import TokenSequence, record_tokens
+from tropical.sched.step import StepOutput, TokenSequence, record_step
 
 BLOCK_SIZE = 16
 SEQ_ID = 0
@@ -83,7 +83,7 @@ def _decode_loop(
     while len(seq.output) < budget:
         logits = loaded.model(FlatBatch.build([span], cache), cache)
         token = sample_rows(logits, [seq.row(len(seq.output), eos)])[0][0]
-        if record_tokens({SEQ_ID: token}, {SEQ_ID: seq}, eos):
+        if record_step(StepOutput({SEQ_ID: token}), {SEQ_ID: seq}, eos).ended:
             return seq.output[:-1], "stop"
         if stops and trim_at_stop(loaded.tokenizer.decode(seq.output), stops)[1]:
             return seq.output, "stop"

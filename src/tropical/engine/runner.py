@@ -23,14 +23,7 @@ from tropical.sched.baselines import ColocatedPolicy
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Cluster, Fail
 from tropical.sched.rules import BatchRules, Role
-from tropical.sched.step import (
-    TokenConstraint,
-    TokenSequence,
-    grammar_failures,
-    record_logprobs,
-    record_tokens,
-    step_spec,
-)
+from tropical.sched.step import TokenConstraint, TokenSequence, record_step, step_spec
 from tropical.sched.worker import UNPRICED, WorkerState, worker_state
 
 
@@ -127,12 +120,11 @@ class EngineWorker:
         """Execute ``batch`` and book it; the requests it finished, with their tokens."""
         start = time.perf_counter()
         out = self.executor.run(step_spec(batch, self.state.running, self.sequences, self.eos_ids))
-        record_logprobs(out, self.sequences)
-        eos = record_tokens(out.tokens, self.sequences, self.eos_ids)
-        broken = grammar_failures(out.tokens, self.sequences)
-        if broken:
-            raise ValueError("; ".join(f"request {rid}: {why}" for rid, why in broken.items()))
-        booking = self.cluster.book(self.state.id, batch, now + time.perf_counter() - start, eos=eos)
+        recorded = record_step(out, self.sequences, self.eos_ids)
+        if recorded.failed:
+            raise ValueError("; ".join(f"request {rid}: {why}" for rid, why in recorded.failed.items()))
+        end = now + time.perf_counter() - start
+        booking = self.cluster.book(self.state.id, batch, end, eos=recorded.ended)
         done = [(req, reason, self.sequences.pop(req.id)) for req, reason in booking.finished]
         return [FinishedRequest(req, seq.output, reason, seq.logprobs, seq.prompt_logprobs)
                 for req, reason, seq in done]

@@ -58,7 +58,9 @@ class TokenSequence:
     ``logprobs`` those of the sampled tokens and ``prompt_logprobs`` those of its prompt's tokens
     from the second on (gathered chunk by chunk) when the request asked for them, ``constraint``
     its grammar matcher, if it has one, and ``failure`` why that matcher could not go on (the
-    request must then end with that error)."""
+    request must then end with that error). ``plain``: neither its params nor a grammar ask the
+    sampler for more than temperature, top-k and top-p (fixed at construction: the fast path's
+    test, made for every request at every step)."""
 
     req: Request
     prompt: list[int]
@@ -69,11 +71,13 @@ class TokenSequence:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     failure: str | None = None
+    plain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt) != self.req.prompt_len:
             raise ValueError(f"request {self.req.id}: {len(self.prompt)} prompt ids, "
                              f"prompt_len {self.req.prompt_len}")
+        self.plain = self.params.plain and self.constraint is None
 
     @property
     def cached(self) -> int:
@@ -107,7 +111,7 @@ class TokenSequence:
         """Its next token's row, with what the sampler needs beyond the params: only what the
         request's features use, so a plain request's row carries nothing more."""
         params = self.params
-        if params.plain and self.constraint is None:
+        if self.plain:
             return SampleRow(self.req.id, params, step)
         return SampleRow(
             self.req.id, params, step,
@@ -126,9 +130,8 @@ class TokenSequence:
             self.failure = str(exc)
             return None
 
-    def follow(self, token: int) -> None:
-        """Append a sampled token, and let the grammar follow it (a refusal becomes ``failure``)."""
-        self.output.append(token)
+    def follow_grammar(self, token: int) -> None:
+        """Let the grammar follow a sampled token (a refusal becomes ``failure``)."""
         if self.constraint is None or self.failure is not None:
             return
         try:
@@ -210,26 +213,34 @@ def step_spec(batch: Batch, decoding: Iterable[int], sequences: Mapping[int, Tok
     return StepSpec(spans, samples, prompts)
 
 
-def record_tokens(tokens: Mapping[int, int], sequences: Mapping[int, TokenSequence],
-                  eos_ids: frozenset[int]) -> list[int]:
-    """Append each sampled token to its sequence (and its grammar matcher); returns the ids whose
-    token ends them: an end of sequence or a stop token id, past ``min_tokens`` (the cluster stops
-    those that a length limit has not already finished)."""
-    for rid, token in tokens.items():
-        sequences[rid].follow(token)
-    return [rid for rid, token in tokens.items() if sequences[rid].ends_at(token, eos_ids)]
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What a step did to its requests beyond their tokens: those it ``ended`` (an end of
+    sequence or a stop token id, past ``min_tokens``; the cluster stops those that a length limit
+    has not already finished), and those whose grammar could not go on, with why (``failed``:
+    each must end with that error, the others go on)."""
+
+    ended: list[int]
+    failed: dict[int, str]
 
 
-def grammar_failures(tokens: Mapping[int, int], sequences: Mapping[int, TokenSequence]) -> dict[int, str]:
-    """The requests of a step whose grammar could not go on, with why: each must end with that
-    error, the others go on."""
-    return {rid: failure for rid in tokens if (failure := sequences[rid].failure) is not None}
-
-
-def record_logprobs(output: StepOutput, sequences: Mapping[int, TokenSequence]) -> None:
-    """Keep a step's logprobs with their sequences: each prompt span's after the earlier spans',
-    each sampled token's after the earlier tokens'."""
+def record_step(output: StepOutput, sequences: Mapping[int, TokenSequence],
+                eos_ids: frozenset[int]) -> Recorded:
+    """Keep a step's output with its sequences: each sampled token (its grammar following it),
+    each prompt span's logprobs after the earlier spans', each sampled token's after the earlier
+    tokens'. One pass for every engine's post-processing, so that a step's way stays short."""
     for rid, scored in output.prompt_logprobs.items():
         sequences[rid].prompt_logprobs.extend(scored)
     for rid, token_logprobs in output.logprobs.items():
         sequences[rid].logprobs.append(token_logprobs)
+    ended, failed = [], {}
+    for rid, token in output.tokens.items():
+        seq = sequences[rid]
+        seq.output.append(token)
+        if seq.constraint is not None:
+            seq.follow_grammar(token)
+            if seq.failure is not None:
+                failed[rid] = seq.failure
+        if seq.ends_at(token, eos_ids):
+            ended.append(rid)
+    return Recorded(ended, failed)

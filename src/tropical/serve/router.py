@@ -35,7 +35,7 @@ from tropical.sched.admission import NO_LIVE_WORKER, serving_error
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Assigned, Cluster, Effect, Fail, Free, Migrate, Wake
 from tropical.sched.policy import Policy
-from tropical.sched.step import TokenSequence, grammar_failures, record_logprobs, record_tokens, step_spec
+from tropical.sched.step import TokenSequence, record_step, step_spec
 from tropical.sched.worker import WorkerState
 from tropical.serve.inflight import InFlight
 from tropical.serve.iteration_log import IterationLog, IterationRecord, MigrationRecord
@@ -443,9 +443,8 @@ class Router(RouterBase[WorkerHandle]):
         """Book the sampled tokens, stream them, and do what the booking asks."""
         worker = iteration.worker
         end = self.clock()
-        record_logprobs(done.output, self.inflight.sequences)
-        eos = record_tokens(done.tokens, self.inflight.sequences, self.inflight.eos)
-        broken = grammar_failures(done.tokens, self.inflight.sequences)
+        recorded = record_step(done.output, self.inflight.sequences, self.inflight.eos)
+        eos, broken = recorded.ended, recorded.failed
         for rid, why in broken.items():  # its stream ends with the error; the cluster drops it below
             self.inflight.end_with_error(self.inflight.handles[rid], why, 500)
         self._follow(worker, done.events)

@@ -55,6 +55,9 @@ POLICY_HELP = {
     "lookahead": "how deep in the queue the toggle looks for TTFT risk (tropical)",
     "demote_doomed": "true: requests that will miss their TTFT even if started now yield their "
                      "place (tropical)",
+    "burst_multiplex": "true: a prompt the prefill workers cannot clear within its TTFT SLO may "
+                       "stretch a multiplexing worker's iteration past the per-iteration TPOT "
+                       "limit, spending the slack its decodes banked (tropical)",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
     "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "

@@ -37,8 +37,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class PolicyConfig:
     """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
     rule, look-ahead, demotion of doomed requests, chunked multiplexing, laxity order, Path 1's
-    dispatch, online correction of predictions and roles both ways; and, for every policy, which
-    requests to refuse before any work (``admission``, see ``sched.rejection``)."""
+    dispatch, online correction of predictions, roles both ways and banked slack in bursts; and,
+    for every policy, which requests to refuse before any work (``admission``, see ``sched.rejection``)."""
 
     policy: str = "tropical"
     prefill_workers: int | None = None
@@ -54,6 +54,7 @@ class PolicyConfig:
     least_loaded: bool = False
     correct_predictions: bool = False
     roles_both_ways: bool = False
+    burst_multiplex: bool = False
     kv_overlap_weight: float = OVERLAP_WEIGHT
     admission: str = "none"
 
@@ -65,7 +66,7 @@ class PolicyConfig:
                               lookahead=self.lookahead, demote_doomed=self.demote_doomed,
                               chunked=self.chunked_multiplex, laxity=self.laxity,
                               least_loaded=self.least_loaded, correct=self.correct_predictions,
-                              flex=self.roles_both_ways)
+                              flex=self.roles_both_ways, burst=self.burst_multiplex)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
                             self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 

@@ -55,7 +55,11 @@ class ToggleParams:
     idle prefill workers lend themselves to the multiplexing side (``flex``, see roles.py), and
     whether the baselines' dispatch also counts the prompt tokens a worker would compute, its
     own prefix cache's hit left out (``cache_aware``; Path 1's predicted finish and Path 2's
-    always price a prompt less the hit on each worker)."""
+    always price a prompt less the hit on each worker), and whether Path 2 spends the decodes'
+    banked slack (``burst``: a prompt goes to Path 2 only when the prefill workers cannot clear
+    it within its TTFT SLO, a burst; it may then stretch an iteration past the tightest TPOT SLO
+    as long as every decode there still keeps tokens x TPOT SLO since its first token, the
+    banked rule, while plain decodes keep the per-iteration rule)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -68,6 +72,7 @@ class ToggleParams:
     correct: bool = False
     flex: bool = False
     cache_aware: bool = True
+    burst: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.watermark <= 1:
@@ -105,7 +110,7 @@ class TropicalPolicy(Policy):
         self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
                                      laxity=self.toggle.laxity and self.toggle.chunked,
                                      token_budget=max_batched_tokens, max_seqs=max_seqs,
-                                     tpot_guard=self.toggle.slack)
+                                     tpot_guard=self._path2_slack)
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
         self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
@@ -116,6 +121,11 @@ class TropicalPolicy(Policy):
         self._risks: dict[int, QueueRisk] = {}
         self._roles = RoleSwitch()
         self._roster: tuple[Sequence[WorkerState], list[WorkerState], list[WorkerState]] | None = None
+
+    @property
+    def _path2_slack(self) -> SlackRule:
+        """The slack rule a multiplexed prompt may spend: banked in bursts, else the toggle's."""
+        return SlackRule.BANKED if self.toggle.burst else self.toggle.slack
 
     @property
     def learns_latency(self) -> bool:
@@ -235,7 +245,7 @@ class TropicalPolicy(Policy):
     def _plan_checks(self, req: Request, multiplex: list[WorkerState],
                      plans: dict[int, Pending], now: float, path1_finish: float) -> None:
         """Under banked slack, note the decode step at which ``req`` should fit each worker."""
-        if self.toggle.slack is not SlackRule.BANKED:
+        if self._path2_slack is not SlackRule.BANKED or (self.toggle.burst and self.toggle.chunked):
             return
         for worker in multiplex:
             plan = plans.get(worker.id) or self._queued_of(worker, now)
@@ -322,9 +332,10 @@ class TropicalPolicy(Policy):
             limit = min(nxt.min_tpot, req.slo.tpot)
             if not self._decodes_fit(worker, nxt, prefills, limit):
                 return None
-            return self._chunked_finish(req, worker, nxt, limit, now)
+            banked = self._banked_finish(req, worker, nxt, limit, now) if self.toggle.burst else None
+            return banked if banked is not None else self._chunked_finish(req, worker, nxt, limit, now)
         iteration = worker.latency.iteration_time(prefills.with_decodes(nxt.decode_count, nxt.decode_context))
-        if not nxt.fits(iteration, self.toggle.slack):
+        if not nxt.fits(iteration, self._path2_slack):
             return None
         return nxt.start + iteration
 
@@ -349,6 +360,22 @@ class TropicalPolicy(Policy):
         if not lineup.keeps_promises(chunk, nxt.start, req, ahead):
             return None
         return chunk.finish(worker, lineup.prefixes[ahead].plus(req, worker), nxt.start)
+
+    def _banked_finish(self, req: Request, worker: WorkerState, nxt: NextIteration,
+                       limit: float, now: float) -> float | None:
+        """When ``req``'s prompt would be done on ``worker`` fed in chunks larger than
+        ``limit`` allows, spending the decodes' banked slack (no iteration longer than the
+        request's TBT SLO, the longest gap its stream may show); None if they have none beyond
+        ``limit`` or the prompt would outlast it (each iteration past the per-iteration rule
+        spends what a decode saved, and each token banks one TPOT SLO more)."""
+        bank = min(nxt.budget.limit(nxt.start, SlackRule.BANKED), req.slo.tbt)
+        if not limit < bank < math.inf:
+            return None
+        done = self._chunked_finish(req, worker, nxt, bank, now)
+        if done is None:
+            return None
+        steps = math.ceil((done - nxt.start) / self._chunk_of(worker, nxt, bank).iteration - 1e-9)
+        return done if done - nxt.start <= bank + (steps - 1) * nxt.min_tpot else None
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;

@@ -8,31 +8,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from tropical.core.request import PrefillPath, Request
+from tropical.core.request import Request
+from tropical.sched.assignment import Assignment
 from tropical.sched.dispatch import decode_destination
 from tropical.sched.rejection import Admission
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
-
-
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """Prefill ``request`` on worker ``worker_id``; ``path`` and ``reason`` are recorded on it.
-
-    ``from_worker`` names the worker whose queue the request leaves (a reassignment); ``yields``:
-    the request gives up its place there for good (see ``Request.yielded``); ``first_token``: when
-    the policy predicts its first token on this path, where it predicts one (admission reads it).
-    """
-
-    request: Request
-    worker_id: int
-    path: PrefillPath
-    reason: str
-    from_worker: int | None = None
-    yields: bool = False
-    first_token: float | None = None
 
 
 def apply(assignment: Assignment, workers: Sequence[WorkerState]) -> WorkerState:

@@ -22,16 +22,13 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from tropical.core.latency.iterations import decode_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
+from tropical.sched.assignment import Assignment
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
-
-if TYPE_CHECKING:  # the policy module holds an Admission: a cycle at import time
-    from tropical.sched.policy import Assignment
 
 
 class AdmissionMode(str, Enum):

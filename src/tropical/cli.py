@@ -58,6 +58,9 @@ POLICY_HELP = {
     "burst_multiplex": "true: a prompt the prefill workers cannot clear within its TTFT SLO may "
                        "stretch a multiplexing worker's iteration past the per-iteration TPOT "
                        "limit, spending the slack its decodes banked (tropical)",
+    "prefill_batch_tokens": "prompt tokens a prefill worker batches per iteration (default: "
+                            "--max-batched-tokens; a lone prompt may exceed it, so a small budget "
+                            "runs prompts one at a time in queue order) (tropical)",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
     "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "

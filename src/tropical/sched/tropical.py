@@ -59,7 +59,10 @@ class ToggleParams:
     banked slack (``burst``: a prompt goes to Path 2 only when the prefill workers cannot clear
     it within its TTFT SLO, a burst; it may then stretch an iteration past the tightest TPOT SLO
     as long as every decode there still keeps tokens x TPOT SLO since its first token, the
-    banked rule, while plain decodes keep the per-iteration rule)."""
+    banked rule, while plain decodes keep the per-iteration rule), and how many prompt tokens a
+    prefill worker batches per iteration (``prefill_budget``; None: ``max_batched_tokens``; a
+    lone prompt may exceed it, so a small budget runs long prompts one at a time in queue order,
+    as the k-server bound does, and a short urgent prompt waits for one prompt, not a batch)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -73,8 +76,11 @@ class ToggleParams:
     flex: bool = False
     cache_aware: bool = True
     burst: bool = False
+    prefill_budget: int | None = None
 
     def __post_init__(self) -> None:
+        if self.prefill_budget is not None and self.prefill_budget < 1:
+            raise ValueError(f"prefill_budget must be at least 1 token, got {self.prefill_budget}")
         if not 0 <= self.watermark <= 1:
             raise ValueError(f"watermark must lie in [0, 1], got {self.watermark}")
         if self.lookahead < 1:
@@ -105,8 +111,8 @@ class TropicalPolicy(Policy):
         toggle plans multiplexed prefills within that budget."""
         self.name = name
         self.toggle = toggle or ToggleParams()
-        self._prefill = BatchRules(prefill_first=True, token_budget=max_batched_tokens,
-                                   max_seqs=max_seqs, laxity=self.toggle.laxity)
+        self._prefill = BatchRules(prefill_first=True, max_seqs=max_seqs, laxity=self.toggle.laxity,
+                                   token_budget=self.toggle.prefill_budget or max_batched_tokens)
         self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
                                      laxity=self.toggle.laxity and self.toggle.chunked,
                                      token_budget=max_batched_tokens, max_seqs=max_seqs,

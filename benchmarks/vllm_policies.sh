@@ -83,8 +83,9 @@ worker_urls() {  # worker_urls POLICY: the roles this policy gives the two insta
 }
 
 run_policy() {  # run_policy POLICY RATE_SCALE REPEAT: a router over the instances, the trace slice, stop
-    local policy=${1#vllm-} dir=$OUT/$1/rate-$2/run-$3 logfile=$OUT/router-$1.log url=http://127.0.0.1:$ROUTER_PORT
-    rm -rf "$dir"
+    local policy=${1#vllm-} dir=$OUT/$1/rate-$2/run-$3 url=http://127.0.0.1:$ROUTER_PORT
+    local logfile=$dir/router.log  # each run's own: the router's online speed estimates per instance
+    rm -rf "$dir" && mkdir -p "$dir"
     setsid .venv/bin/tropical serve --engine vllm --policy "$policy" --worker-urls "$(worker_urls "$1")" \
         --model "$OUT/$NAME" --served-model-name "$NAME" --max-model-len "$MAX_MODEL_LEN" \
         --profile "$OUT/profile.json" --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" \

@@ -69,15 +69,22 @@ class ServerProfiler:
 
     async def decode_seconds(self, batch: int, context: int, tokens: int) -> float:
         stamps = await asyncio.gather(*(self._token_times(context, tokens) for _ in range(batch)))
-        all_started = max(s[0] for s in stamps)
-        gaps = [b - a for s in stamps for a, b in zip(s, s[1:], strict=False) if a >= all_started]
+        all_started = max(s[0][0] for s in stamps)
+        gaps: list[float] = []
+        for chunks in stamps:
+            for (a, _), (b, count) in zip(chunks, chunks[1:], strict=False):
+                if a >= all_started:
+                    gaps += [(b - a) / count] * count
         if not gaps:
             raise RuntimeError(f"the server streamed too few tokens to time a decode at batch {batch}")
         return statistics.median(gaps)
 
-    async def _token_times(self, context: int, tokens: int) -> list[float]:
+    async def _token_times(self, context: int, tokens: int) -> list[tuple[float, int]]:
+        """When each streamed chunk came and how many tokens it carried: a server may send the
+        tokens of several iterations in one chunk, each of which is one decode iteration."""
         body = {"prompt": self._prompt(context), "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
-        return [time.perf_counter() async for chunk in self.instance.stream(body) if chunk.token_ids]
+        return [(time.perf_counter(), len(chunk.token_ids)) async for chunk in self.instance.stream(body)
+                if chunk.token_ids]
 
 
 async def profile_server(instance: VllmInstance, grid: HttpGrid, kv_bytes_per_token: float) -> ProfileResult:

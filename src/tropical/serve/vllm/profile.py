@@ -72,9 +72,9 @@ class ServerProfiler:
         all_started = max(s[0][0] for s in stamps)
         gaps: list[float] = []
         for chunks in stamps:
-            for (a, _), (b, tokens) in zip(chunks, chunks[1:], strict=False):
+            for (a, _), (b, carried) in zip(chunks, chunks[1:], strict=False):
                 if a >= all_started:
-                    gaps += [(b - a) / tokens] * tokens
+                    gaps += [(b - a) / carried] * carried
         if not gaps:
             raise RuntimeError(f"the server streamed too few tokens to time a decode at batch {batch}")
         return statistics.median(gaps)

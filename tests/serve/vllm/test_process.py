@@ -1,4 +1,4 @@
-"""How a vLLM instance is started: roles to connector roles, cores, ports, the opt-in CPU patch."""
+"""How a vLLM instance is started: roles to connector roles, cores, ports, the CPU patch."""
 
 from __future__ import annotations
 
@@ -39,7 +39,15 @@ def test_each_role_gets_its_nixl_connector_role(role: Role, kv_role: str | None)
 def test_each_instance_is_bound_to_its_cores_with_its_own_side_channel() -> None:
     env = launch(Role.PREFILL).environment({})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
-    assert "TROPICAL_NIXL_POLL_DELAY_US" not in env, "the CPU patch is opt-in"
+    assert "TROPICAL_NIXL_POLL_DELAY_US" not in env, "the poll delay is opt-in"
+
+
+@pytest.mark.parametrize(("role", "patched"), [(Role.PREFILL, True), (Role.MULTIPLEX, True),
+                                               (Role.COLOCATED, False)])
+def test_every_instance_with_a_kv_connector_gets_the_cpu_patch(role: Role, patched: bool) -> None:
+    path = launch(role).environment({"PYTHONPATH": "/elsewhere"}).get("PYTHONPATH", "")
+    assert path.split(os.pathsep)[0] == str(CPU_PATCH) if patched else CPU_PATCH.name not in path
+    assert path.endswith("/elsewhere")
 
 
 def test_cores_are_split_between_instances() -> None:
@@ -82,11 +90,40 @@ def test_the_cpu_patch_gives_nixl_agents_the_poll_delay_only_when_asked(tmp_path
     (tmp_path / "nixl_cu12" / "__init__.py").write_text("")
     (tmp_path / "nixl_cu12" / "_api.py").write_text(FAKE_NIXL_API)
     env = launch(Role.PREFILL, delay).environment({"PYTHONPATH": str(tmp_path)})
-    if not delay:
-        env["PYTHONPATH"] = f"{CPU_PATCH}:{tmp_path}"
     out = subprocess.run([sys.executable, "-c", "import nixl_cu12._api as a; print(a.make_agent())"],
                          env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(delay)
+
+
+FAKE_NIXL_WORKER = """
+import os
+class NixlBaseConnectorWorker:
+    def __init__(self, engine_id):
+        os.sched_setaffinity(0, {LAST})  # vLLM's: the last core of the NUMA node, for KV transfers
+        self.engine_id = engine_id
+"""
+NIXL_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"  # vLLM 0.32's module
+MAKE_WORKER = (f"import os; os.sched_setaffinity(0, {{CORE}}); "
+               f"from {NIXL_WORKER} import NixlBaseConnectorWorker as W; "
+               f"w = W('e'); print(w.engine_id, *sorted(os.sched_getaffinity(0)))")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move between")
+def test_the_cpu_patch_keeps_the_model_thread_on_its_cores_through_the_nixl_worker(tmp_path: Path) -> None:
+    """vLLM's NIXL connector worker moves the calling thread (the one that runs the model) to the
+    last core; with the patch it stays on the cores it was bound to."""
+    package = tmp_path.joinpath(*NIXL_WORKER.split(".")[:-1])
+    package.mkdir(parents=True)
+    for folder in [package, *package.relative_to(tmp_path).parents][:-1]:
+        (tmp_path / folder / "__init__.py").write_text("")
+    first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
+    (package / "base_worker.py").write_text(FAKE_NIXL_WORKER.replace("LAST", str(last)))
+    code = MAKE_WORKER.replace("CORE", str(first))
+    patched = launch(Role.PREFILL).environment({"PYTHONPATH": str(tmp_path)})
+    for env, cores in [(patched, str(first)), ({"PYTHONPATH": str(tmp_path)}, str(last))]:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             check=True)
+        assert out.stdout.split() == ["e", cores]
 
 
 CHILD_AND_SLEEP = ("import subprocess, sys, time; "

@@ -4,9 +4,9 @@ A worker's role becomes its NIXL connector role (prefill → kv_producer, decode
 multiplex → kv_both, since it also prefills locally; colocated → no connector). Its prefix cache
 is on (vLLM's default, said explicitly) or off as ``--prefix-cache`` says, and its usage reports
 the prompt tokens it found cached (``--enable-prompt-tokens-details``), which is how the router
-learns its hits. Each instance is
-pinned to its own cores through vLLM's CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``) and gets
-its own NIXL side-channel port. The process runs in its own session, so stopping its process
+learns its hits. Each instance is pinned to its own cores through vLLM's CPU thread binding
+(``VLLM_CPU_OMP_THREADS_BIND``), kept there against vLLM's NIXL connector by ``cpu_patch``, and
+gets its own NIXL side-channel port. The process runs in its own session, so stopping its process
 group stops vLLM's engine-core child too; and it gets SIGTERM if the router dies first (Linux's
 parent-death signal), so a router killed while starting leaves no vLLM behind.
 """
@@ -26,7 +26,8 @@ from tropical.serve.parent_death import terminate_with_parent
 
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer", Role.MULTIPLEX: "kv_both"}
 CPU_PATCH = Path(__file__).parent / "cpu_patch"
-"""The opt-in NIXL poll-delay workaround (its sitecustomize), put on the vLLM process's path."""
+"""The NIXL CPU workarounds (its sitecustomize: each instance keeps its cores; the opt-in poll
+delay), put on the path of every vLLM process with a KV connector."""
 KV_CACHE_GIB = 1
 """vLLM's CPU KV cache per instance (``VLLM_CPU_KVCACHE_SPACE``): ~23k tokens of SmolLM2 in fp32."""
 
@@ -72,10 +73,10 @@ class VllmLaunch:
                "VLLM_CPU_OMP_THREADS_BIND": self.cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port)}
-        if self.nixl_poll_delay_us and self.role in KV_ROLES:
-            path = [str(CPU_PATCH), *filter(None, [base.get("PYTHONPATH")])]
-            env |= {"PYTHONPATH": os.pathsep.join(path),
-                    "TROPICAL_NIXL_POLL_DELAY_US": str(self.nixl_poll_delay_us)}
+        if self.role in KV_ROLES:
+            env["PYTHONPATH"] = os.pathsep.join([str(CPU_PATCH), *filter(None, [base.get("PYTHONPATH")])])
+            if self.nixl_poll_delay_us:
+                env["TROPICAL_NIXL_POLL_DELAY_US"] = str(self.nixl_poll_delay_us)
         return env
 
 

@@ -15,7 +15,7 @@ booked from what they show (``observe``) and replanned as work reaches it (``rep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tropical.core.request import Request
@@ -93,19 +93,15 @@ class Booking:
 
 
 class Cluster:
-    """Workers' scheduling states and the policy that places requests on them.
+    """Workers' scheduling states and the policy that places requests on them (a substrate that
+    books decode runs lazily gives its workers a ``Lag``: they bring themselves up to date when
+    a decision reads them)."""
 
-    ``settle`` runs before every policy decision; the simulator books the decode iterations its
-    closed-form runs completed by then, so policies see exact worker states (None: a substrate's
-    worker states are exact whenever it calls in).
-    """
-
-    def __init__(self, workers: Sequence[WorkerState], policy: Policy, max_context: int | None = None,
-                 settle: Callable[[], None] | None = None) -> None:
+    def __init__(self, workers: Sequence[WorkerState], policy: Policy,
+                 max_context: int | None = None) -> None:
         self.workers = list(workers)
         self.policy = policy
         self.max_context = max_context
-        self.settle = settle
         self.stalled: list[tuple[Request, int]] = []
         self._at: dict[int, tuple[Request, int]] = {}
         self._started: dict[int, float] = {}
@@ -127,8 +123,6 @@ class Cluster:
         error = self.admission_error(req)
         if error is not None:
             return [Fail(req, error)]
-        if self.settle is not None:
-            self.settle()
         assignments = self.policy.on_arrival(req, now, self.workers)
         refusal = arrival_refusal(self.policy.admission, req, assignments, now, self.workers)
         return [self._refuse(req, refusal)] if refusal is not None else self._assign(assignments)
@@ -171,9 +165,12 @@ class Cluster:
         self._started[worker_id] = now
         return batch
 
-    def expect_end(self, worker_id: int, until: float) -> None:
-        """The worker's current iteration should end at ``until`` (what the policy plans around)."""
-        self.workers[worker_id].busy_until = until
+    def expect_end(self, worker_id: int, until: float, pace: float = 0.0) -> None:
+        """The worker's current iteration should end at ``until`` (what the policy plans around);
+        ``pace``: the least any later iteration of a decode run it is in takes (see ``Lag``)."""
+        worker = self.workers[worker_id]
+        worker.busy_until = until
+        worker.pace = pace
 
     def advance(self, worker_id: int, steps: int, now: float, first: float = 0.0,
                 growth: float = 0.0) -> None:
@@ -246,8 +243,6 @@ class Cluster:
         if finished and self.stalled:
             effects += self._retry_stalled(now)
         if self.policy.observes_iterations:
-            if self.settle is not None:
-                self.settle()
             effects += self._assign(self.policy.on_iteration_end(worker, now, self.workers))
         effects += self._refuse_lapsed(worker, now)
         return Booking(finished, prefilled, effects)
@@ -279,8 +274,6 @@ class Cluster:
 
     def _migrate(self, req: Request, source_id: int, now: float) -> list[Effect]:
         """Pick a decoding worker with room for a prefilled request, or stall it until one frees KV."""
-        if self.settle is not None:
-            self.settle()
         target = self.policy.decode_worker(req, self.workers, now)
         if target is not None:
             tokens = target.expect_migration(req)
@@ -350,5 +343,6 @@ class Cluster:
         self.workers[worker_id] = worker_state(worker_id, old.role, old.rules, old.kv.capacity_blocks,
                                                old.kv.block_size, old.latency, old.kv.cache is not None,
                                                directory)
+        self.workers[worker_id].lag = old.lag
         self.policy.roster_changed()
         return self._retry_stalled(now)

@@ -3,7 +3,9 @@
 Each choice walks the live workers from the least loaded up (or the lowest bound on their cost)
 and stops as soon as no worker further on could win, so that a dispatch over a thousand workers
 prices the few at the front (the walk is a heap: building it is one pass of cheap reads, each
-step a logarithm).
+step a logarithm). The heap is built from lower bounds of each worker's load (``load_floor``),
+which read no decode progress the simulator has not booked yet (``sched.lag``): only the workers
+the walk reaches are brought up to date.
 """
 
 from __future__ import annotations
@@ -21,17 +23,23 @@ def load(worker: WorkerState) -> tuple[int, int]:
 
 
 def least_loaded_first(workers: Iterable[WorkerState]) -> Iterator[WorkerState]:
-    """The live workers by fewest unfinished tokens (lowest id breaks ties), produced lazily."""
-    heap = [(w.unfinished_tokens, w.id, w) for w in workers if w.alive]
+    """The live workers by fewest unfinished tokens (lowest id breaks ties), produced lazily: a
+    worker whose floor reaches the front goes back in at its exact load unless that is its floor."""
+    heap = [(w.load_floor, w.id, w) for w in workers if w.alive]
     heapq.heapify(heap)
     while heap:
-        yield heapq.heappop(heap)[2]
+        floor, wid, worker = heap[0]
+        exact = worker.unfinished_tokens
+        if exact == floor:
+            heapq.heappop(heap)
+            yield worker
+        else:
+            heapq.heapreplace(heap, (exact, wid, worker))
 
 
 def fewest_unfinished(workers: Iterable[WorkerState]) -> WorkerState | None:
     """The live worker with the least outstanding work (lowest id breaks ties)."""
-    live = [w for w in workers if w.alive]
-    return min(live, key=load) if live else None
+    return next(least_loaded_first(workers), None)
 
 
 def least_work(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
@@ -40,7 +48,7 @@ def least_work(req: Request, workers: Iterable[WorkerState]) -> WorkerState | No
     without a cache, the same choice as ``fewest_unfinished``)."""
     live = [w for w in workers if w.alive]
     floor = new_token_floors(req, live)
-    return cheapest(live, lambda w: w.unfinished_tokens + floor(w),
+    return cheapest(live, lambda w: w.load_floor + floor(w),
                     lambda w: w.unfinished_tokens + w.prompt_split(req)[0])
 
 

@@ -40,13 +40,14 @@ def kv_cost(req: Request, worker: WorkerState, weight: float) -> float:
 
 def lowest_cost(req: Request, workers: Iterable[WorkerState], weight: float) -> WorkerState | None:
     """The live worker of lowest ``kv_cost`` (lowest id breaks ties), priced from the lowest
-    bound up: its cost were it to lack only the floor of the tokens it lacks."""
+    bound up: its cost were it to lack only the floor of the tokens it lacks, its decode
+    contexts as last booked (see ``sched.lag``)."""
     live = [w for w in workers if w.alive]
     floor = new_token_floors(req, live)
 
     def bound(worker: WorkerState) -> float:
         waiting, blocks = worker.waiting_prompt, worker.kv.blocks_for
-        return weight * blocks(floor(worker) + waiting) + blocks(worker.decode_context + waiting)
+        return weight * blocks(floor(worker) + waiting) + blocks(worker.decode_context_floor + waiting)
 
     return cheapest(live, bound, lambda w: kv_cost(req, w, weight))
 

@@ -11,10 +11,10 @@ their TTFT is at risk and some multiplexing worker has the slack.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.shape import BatchShape
@@ -27,8 +27,8 @@ from tropical.sched.dispatch import (
     fewest_unfinished,
     first_fitting,
     has_room,
+    least_loaded_first,
     least_work,
-    load,
     new_token_floors,
 )
 from tropical.sched.next_iteration import NextIteration
@@ -125,8 +125,10 @@ class TropicalPolicy(Policy):
         self._queues: dict[int, list[Request]] = {}
         self._lineups: dict[int, Lineup] = {}
         self._risks: dict[int, QueueRisk] = {}
+        self._queued_on: set[int] = set()
         self._roles = RoleSwitch()
-        self._roster: tuple[Sequence[WorkerState], list[WorkerState], list[WorkerState]] | None = None
+        self._roster: tuple[Sequence[WorkerState], list[WorkerState], list[WorkerState],
+                            dict[int, WorkerState]] | None = None
 
     @property
     def _path2_slack(self) -> SlackRule:
@@ -162,12 +164,27 @@ class TropicalPolicy(Policy):
         kept = self._roster
         if kept is None or kept[0] is not workers:
             live = [w for w in workers if w.alive]
-            kept = self._roster = (workers, [w for w in live if w.role is Role.PREFILL],
-                                   [w for w in live if w.role is Role.MULTIPLEX])
+            prefill = [w for w in live if w.role is Role.PREFILL]
+            kept = self._roster = (workers, prefill, [w for w in live if w.role is Role.MULTIPLEX],
+                                   {w.id: w for w in prefill})
         return kept[1], kept[2]
+
+    def _prefill_by_id(self) -> dict[int, WorkerState]:
+        """The roster's prefill workers by id (the roster is current: every event splits first)."""
+        assert self._roster is not None
+        return self._roster[3]
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
+        return self._noted(self._place(req, now, workers))
+
+    def _noted(self, assignments: list[Assignment]) -> list[Assignment]:
+        """Remember the workers prompts were queued on: only their prefill queues can hold
+        prompts at risk (see ``_queued_at_risk``)."""
+        self._queued_on.update(a.worker_id for a in assignments)
+        return assignments
+
+    def _place(self, req: Request, now: float, workers: Sequence[WorkerState]) -> list[Assignment]:
         prefill, multiplex = self._split(workers)
         self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}
         self._forget_chunks()
@@ -201,8 +218,8 @@ class TropicalPolicy(Policy):
         toggle, each after the others of its length; chunked multiplexing leaves them, and
         demotion lets them yield.
         """
-        prefill, multiplex = self._split(workers)
-        at_risk = self._queued_at_risk(prefill, now)
+        _, multiplex = self._split(workers)
+        at_risk = self._queued_at_risk(now)
         self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
         doomed_too = not self.toggle.chunked and not self.toggle.demote_doomed
@@ -212,9 +229,9 @@ class TropicalPolicy(Policy):
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
             self.roster_changed()
         if not self.toggle.demote_doomed:
-            return moves
-        return moves + [self._demoted(req, source) for req, source, _ in at_risk.doomed()
-                        if not req.yielded]
+            return self._noted(moves)
+        return self._noted(moves + [self._demoted(req, source) for req, source, _ in at_risk.doomed()
+                                    if not req.yielded])
 
     def _multiplex_at_risk(self, at_risk: Iterable[_AtRisk],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
@@ -294,13 +311,25 @@ class TropicalPolicy(Policy):
             return None, math.inf
         return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)
 
-    def _queued_at_risk(self, prefill: list[WorkerState], now: float) -> AtRisk[WorkerState]:
+    def _queued_at_risk(self, now: float) -> AtRisk[WorkerState]:
         """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO.
 
         Only the first ``lookahead`` of each queue are examined: deeper ones get their turn as
-        the queue drains, and the scan stays cheap under overload.
+        the queue drains, and the scan stays cheap under overload. Only the live prefill workers
+        the toggle queued prompts on are asked (an empty queue has none at risk), in the
+        roster's order; those found empty are forgotten until a prompt is queued there again.
         """
-        return AtRisk([(w, self._risk_of(w, now)) for w in prefill], now)
+        by_id = self._prefill_by_id()
+        queues = []
+        for worker_id in sorted(self._queued_on):
+            worker = by_id.get(worker_id)
+            if worker is None:
+                continue
+            if worker.waiting:
+                queues.append((worker, self._risk_of(worker, now)))
+            else:
+                self._queued_on.discard(worker_id)
+        return AtRisk(queues, now)
 
     def _risk_of(self, worker: WorkerState, now: float) -> QueueRisk:
         """The at-risk view of ``worker``'s queue, kept while its queue and next start stay."""
@@ -466,7 +495,7 @@ class TropicalPolicy(Policy):
         return joined.fits(worker.latency.iteration_time(joined.shape(list(nxt.queued))), self.toggle.slack)
 
     def _no_prefill_worker(self, req: Request, multiplex: list[WorkerState]) -> Assignment:
-        target = min(multiplex, key=load, default=None)
+        target = fewest_unfinished(multiplex)
         if target is None:
             raise RuntimeError("no live worker takes new requests")
         return Assignment(req, target.id, PrefillPath.FALLBACK, "no live prefill worker")
@@ -499,7 +528,7 @@ def shortlist(req: Request, multiplex: list[WorkerState],
         return multiplex
     cache = multiplex[0].kv.cache
     holders = cache.directory.deepest_holders(req) if cache is not None and cache.directory else set()
-    near = (heapq.nsmallest(SHORTLIST // 2, (w for w in multiplex if w.id in holders), key=load)
+    near = (list(islice(least_loaded_first(w for w in multiplex if w.id in holders), SHORTLIST // 2))
             if holders else [])
     taken = {w.id for w in near}
     ranked = ranked if ranked is not None else least_loaded(multiplex)
@@ -509,4 +538,4 @@ def shortlist(req: Request, multiplex: list[WorkerState],
 def least_loaded(multiplex: list[WorkerState]) -> list[WorkerState]:
     """The ``SHORTLIST`` least loaded workers, least first: with ``near`` (at most half of them)
     set aside, those left are still the least loaded of the rest."""
-    return heapq.nsmallest(SHORTLIST, multiplex, key=load)
+    return list(islice(least_loaded_first(multiplex), SHORTLIST))

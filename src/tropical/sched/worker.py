@@ -21,6 +21,7 @@ from tropical.core.latency.online import OnlineLatency
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.kv import KVPool
+from tropical.sched.lag import Lag
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.prefix_directory import PrefixDirectory
 from tropical.sched.rules import BatchRules, Role
@@ -51,13 +52,9 @@ class WorkerState:
     incoming: dict[int, Request] = field(default_factory=dict)
     running: dict[int, Request] = field(default_factory=dict)
     holds: dict[int, int] = field(default_factory=dict)
-    steps: int = 0
-    decode_context: int = 0
     decode_peak: int = 0
-    running_remaining: int = 0
     waiting_tokens: int = 0
     waiting_prompt: int = 0
-    busy_until: float = 0.0
     batch_prefills: int = 0
     inflight: dict[int, int] = field(default_factory=dict)
     queued_work: float = 0.0
@@ -65,6 +62,12 @@ class WorkerState:
     last_chunk: int = 0
     gaps: TokenGaps = field(default_factory=TokenGaps)
     catching_up: dict[int, Request] = field(default_factory=dict)
+    lag: Lag | None = None
+    pace: float = 0.0
+    _steps: int = 0
+    _decode_context: int = 0
+    _running_remaining: int = 0
+    _busy_until: float = 0.0
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
     _queue_edits: int = 0
@@ -73,10 +76,71 @@ class WorkerState:
     _batch_edits: int = 0
     _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...]] = (-1, 0, ())
 
+    def _current(self) -> None:
+        """Book the decode iterations completed by now, if the substrate books them lazily."""
+        lag = self.lag
+        if lag is not None and self._busy_until <= lag.now and self.running:
+            lag.catch_up(self.id)
+
+    @property
+    def steps(self) -> int:
+        """Decode iterations this worker has run."""
+        self._current()
+        return self._steps
+
+    @property
+    def decode_context(self) -> int:
+        """The running requests' contexts now."""
+        self._current()
+        return self._decode_context
+
+    @property
+    def running_remaining(self) -> int:
+        """Output tokens the running requests have still to generate."""
+        self._current()
+        return self._running_remaining
+
+    @property
+    def busy_until(self) -> float:
+        """When the iteration in flight ends (in the past: none is)."""
+        self._current()
+        return self._busy_until
+
+    @busy_until.setter
+    def busy_until(self, until: float) -> None:
+        self._busy_until = until
+
     @property
     def unfinished_tokens(self) -> int:
-        """Prompt tokens still to prefill plus output tokens still to generate, all assigned work."""
-        return self.waiting_tokens + self.running_remaining + self._incoming_tokens
+        """Prompt tokens still to prefill plus output tokens still to generate, all assigned work
+        (the iterations run and not booked yet counted, not booked: see ``Lag``)."""
+        remaining = self._running_remaining
+        lag = self.lag
+        if lag is not None and self._busy_until <= lag.now and self.running:
+            remaining -= len(self.running) * lag.unbooked(self.id)
+        return self.waiting_tokens + remaining + self._incoming_tokens
+
+    @property
+    def load_floor(self) -> int:
+        """``unfinished_tokens``, or less while a decode run is not booked up to now (see
+        ``Lag``): the run counted as far as it can have gone, one iteration ending at
+        ``busy_until`` and each next taking at least ``pace`` (one more for rounding), never
+        past the next finish. A walk by load orders workers by it and reads the exact load of
+        those it reaches."""
+        remaining = self._running_remaining
+        lag = self.lag
+        if lag is not None and self._busy_until <= lag.now and self._finishes:
+            most = self._finishes[0][0] - self._steps
+            if self.pace > 0:
+                most = min(most, 2 + int((lag.now - self._busy_until) / self.pace))
+            remaining -= len(self.running) * most
+        return self.waiting_tokens + remaining + self._incoming_tokens
+
+    @property
+    def decode_context_floor(self) -> int:
+        """``decode_context``, or less while a decode run is not booked up to now (contexts
+        only grow within a run)."""
+        return self._decode_context
 
     @property
     def incoming_tokens(self) -> int:
@@ -317,10 +381,10 @@ class WorkerState:
         req.decode_worker = self.id
         self.running[req.id] = req
         self._batch_edits += 1
-        self.decode_context += req.prompt_len + req.generated
+        self._decode_context += req.prompt_len + req.generated
         self.decode_peak += req.kv_tokens
-        self.running_remaining += req.output_len - req.generated
-        self.gaps.joined(req, self.steps)
+        self._running_remaining += req.output_len - req.generated
+        self.gaps.joined(req, self._steps)
         heapq.heappush(self._finishes, (req.step_base + req.output_len, req.id, req))
 
     def arrive_migrated(self, req: Request) -> None:
@@ -364,18 +428,18 @@ class WorkerState:
         """
         batch = len(self.running)
         assert n >= 1 and batch, "advancing an empty decode batch"
-        assert n <= self.steps_to_next_finish(), "a decode run must not skip past a finish"
-        self.gaps.booked(self.steps, n, batch, now, first, growth)
-        self.steps += n
-        self.decode_context += n * batch
-        self.running_remaining -= n * batch
+        assert n <= self._finishes[0][0] - self._steps, "a decode run must not skip past a finish"
+        self.gaps.booked(self._steps, n, batch, now, first, growth)
+        self._steps += n
+        self._decode_context += n * batch
+        self._running_remaining -= n * batch
         finished = []
-        while self._finishes and self._finishes[0][0] <= self.steps:
+        while self._finishes and self._finishes[0][0] <= self._steps:
             _, _, req = heapq.heappop(self._finishes)
             del self.running[req.id]
             self.catching_up.pop(req.id, None)
             self._batch_edits += 1
-            self.decode_context -= req.prompt_len + req.output_len
+            self._decode_context -= req.prompt_len + req.output_len
             self.decode_peak -= req.kv_tokens
             req.generated = req.output_len
             req.finish = now
@@ -442,9 +506,9 @@ class WorkerState:
             del self.running[req.id]
             self.catching_up.pop(req.id, None)
             self._batch_edits += 1
-            self.decode_context -= req.prompt_len + req.generated
+            self._decode_context -= req.prompt_len + req.generated
             self.decode_peak -= req.kv_tokens
-            self.running_remaining -= req.output_len - req.generated
+            self._running_remaining -= req.output_len - req.generated
             self._finishes = [f for f in self._finishes if f[2] is not req]
             heapq.heapify(self._finishes)
             self.gaps.left(req)

@@ -18,9 +18,8 @@ from tropical.sched.worker import WorkerState
 @dataclass(slots=True)
 class DecodeRun:
     """``steps`` iterations of a fixed batch of ``batch`` starting at total context ``context``.
-    A value: cutting or settling a run builds a new one (not frozen: runs are cut and settled
-    at most events, and a frozen one costs several times as much to build; a written
-    constructor, as BatchShape's)."""
+    A value: cutting a run builds a new one (not frozen: runs are cut at many events, and a
+    frozen one costs several times as much to build; a written constructor, as BatchShape's)."""
 
     steps: int
     batch: int
@@ -63,11 +62,6 @@ class DecodeRun:
         boundary = self._first_boundary(offset)
         done = boundary if self.elapsed(boundary) <= offset else boundary - 1
         return min(self.steps - 1, done)
-
-    def rest_after(self, k: int) -> DecodeRun:
-        """The remainder of the run once its first k iterations are booked."""
-        return DecodeRun(self.steps - k, self.batch, self.context + k * self.batch,
-                         self.intercept, self.slope)
 
     def cut_to(self, steps: int) -> DecodeRun:
         """The run shortened to at most ``steps`` iterations (at least one)."""

@@ -3,7 +3,9 @@
 The simulator owns time and KV transfers; scheduling is sched's ``Cluster``, the same one the
 server drives. Between two events a worker's decode iterations differ only by growing contexts,
 so a run of them is priced in closed form (see ``DecodeRun``) and cut short at the next
-iteration boundary when new work reaches it.
+iteration boundary when new work reaches it. A run is booked at its end, and in part only when a
+decision reads the worker before then (``sched.lag``), so an event costs the workers it reads,
+not the fleet.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tropical.core.metrics import attains, ttft
 from tropical.core.request import Request
 from tropical.sched.batching import Batch
 from tropical.sched.cluster import Booking, Cluster, Effect, Fail, Migrate, Wake
+from tropical.sched.lag import Lag
 from tropical.sched.policy import Policy
 from tropical.sched.worker import WorkerState
 from tropical.sim.decode_run import DecodeRun
@@ -29,14 +32,16 @@ _ITER_END, _MIGRATED = 0, 1
 
 @dataclass(slots=True)
 class Flight:
-    """What a worker is executing: one batch, or a closed-form run of decode iterations (one
-    per iteration or run: a written constructor, see BatchShape)."""
+    """What a worker is executing: one batch, or a closed-form run of decode iterations from
+    ``start``, of which the first ``booked`` are booked (one per iteration or run: a written
+    constructor, see BatchShape)."""
 
     start: float
     end: float
     version: int
     batch: Batch
     run: DecodeRun | None = None
+    booked: int = 0
 
     def __init__(self, start: float, end: float, version: int, batch: Batch,
                  run: DecodeRun | None = None) -> None:
@@ -45,6 +50,7 @@ class Flight:
         self.version = version
         self.batch = batch
         self.run = run
+        self.booked = 0
 
 
 @dataclass(slots=True)
@@ -68,7 +74,7 @@ class Simulator:
     ``decision_s``: the wall time of each decision the cluster made (an arrival, or an
     iteration's end: the policy's choices with the bookkeeping they read), for what a live
     router would spend per event. ``settled``: how many decode runs were booked in part to bring
-    the workers up to date for a decision (each is work an event costs beyond its own)."""
+    a worker up to date for a decision that read it (each is work an event costs beyond its own)."""
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
                  requests: Sequence[Request], max_context: int | None = None,
@@ -79,8 +85,11 @@ class Simulator:
         ``truth``: the latency models that time execution, one per worker, when the policy's
         predictors (the workers' ``latency``) are not exact. ``step_by_step``: one event per
         decode iteration, as a real worker runs them, instead of closed-form runs."""
-        self.cluster = Cluster(workers, policy, max_context, settle=self._settle_all)
+        self.cluster = Cluster(workers, policy, max_context)
         self.workers = self.cluster.workers
+        self._lag = Lag(self._catch_up, self._unbooked)
+        for worker in self.workers:
+            worker.lag = self._lag
         self.truth = list(truth) if truth is not None else [w.latency for w in self.workers]
         self.miss_budget = miss_budget
         self.step_by_step = step_by_step
@@ -92,7 +101,6 @@ class Simulator:
         self._events: list[tuple[float, int, int, tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self._flights: dict[int, Flight] = {}
-        self._due: list[tuple[float, int]] = []
         self._versions = itertools.count()
         self.decision_s: list[float] = []
         self.settled = 0
@@ -103,11 +111,12 @@ class Simulator:
         upcoming = next(arrivals, None)
         while (upcoming is not None or self._events) and not self._out_of_budget():
             if upcoming is not None and (not self._events or upcoming.arrival <= self._events[0][0]):
-                self.now = upcoming.arrival
+                self.now = self._lag.now = upcoming.arrival
                 self._arrive(upcoming)
                 upcoming = next(arrivals, None)
                 continue
             self.now, _, kind, payload = heapq.heappop(self._events)
+            self._lag.now = self.now
             if kind == _ITER_END:
                 self._iteration_end(*payload)
             else:
@@ -139,8 +148,8 @@ class Simulator:
         return steps if check is None else max(1, min(steps, check - worker.steps))
 
     def _honor_checks(self) -> None:
-        """End runs early where the policy now wants to look sooner (runs are settled here, so
-        a run's first iteration is the one in progress)."""
+        """End runs early where the policy now wants to look sooner (a run's length is counted
+        from the iteration in progress: reading the worker books those before it)."""
         if not self.policy.checking:
             return
         for worker_id, flight in list(self._flights.items()):
@@ -177,7 +186,7 @@ class Simulator:
             steps = 1 if batch.held else self._run_length(worker)
             run = DecodeRun.start(worker, steps, self.truth[worker.id])
             flight = Flight(self.now, self.now + run.duration, version, batch, run)
-            self._expect(worker.id, self.now + run.iteration(1))
+            self.cluster.expect_end(worker.id, self.now + run.iteration(1), run.iteration(1))
         else:
             duration = self.truth[worker.id].iteration_time(batch.shape)
             flight = Flight(self.now, self.now + duration, version, batch)
@@ -185,45 +194,41 @@ class Simulator:
         self._flights[worker.id] = flight
         self._push(flight.end, _ITER_END, (worker.id, version))
 
-    def _expect(self, worker_id: int, end: float) -> None:
-        """A decode run's next iteration ends at ``end``: due for settling then."""
-        self.cluster.expect_end(worker_id, end)
-        heapq.heappush(self._due, (end, worker_id))
+    def _unbooked(self, worker_id: int) -> int:
+        """Iterations of the worker's decode run completed by now and not booked (see Lag)."""
+        flight = self._flights.get(worker_id)
+        if flight is None or flight.run is None:
+            return 0
+        return max(0, flight.run.completed_by(self.now - flight.start) - flight.booked)
 
-    def _settle_all(self) -> None:
-        """Book every decode iteration completed by now, so policies see exact worker states
-        (only the runs with an iteration due: an event costs the same at a thousand workers; a
-        run whose due iteration the clock has not quite passed stays due)."""
-        unsettled = []
-        while self._due and self._due[0][0] <= self.now:
-            due = heapq.heappop(self._due)
-            flight = self._flights.get(due[1])
-            if flight is None or flight.run is None or self.now < self.workers[due[1]].busy_until:
-                continue
-            worker_id, run = due[1], flight.run
-            done = run.completed_by(self.now - flight.start)
-            if not done:
-                unsettled.append(due)
-            else:
-                elapsed = run.elapsed(done)
-                self.settled += 1
-                self.cluster.advance(worker_id, done, flight.start + elapsed, run.iteration(1), run.growth)
-                self.stats[worker_id].busy += elapsed
-                self.stats[worker_id].iterations += done
-                flight.start += elapsed
-                flight.run = run.rest_after(done)
-                self._expect(worker_id, flight.start + flight.run.iteration(1))
-        for due in unsettled:
-            heapq.heappush(self._due, due)
+    def _catch_up(self, worker_id: int) -> None:
+        """Book the iterations of the worker's decode run completed by now, short of the run's
+        last (its iteration end books that), when a decision reads the worker (see Lag; a run
+        whose next iteration the clock has not quite passed waits for the next read)."""
+        flight = self._flights.get(worker_id)
+        if flight is None or flight.run is None:
+            return
+        run = flight.run
+        done = run.completed_by(self.now - flight.start)
+        if done <= flight.booked:
+            return
+        self.settled += 1
+        self.cluster.advance(worker_id, done - flight.booked, flight.start + run.elapsed(done),
+                             run.iteration(flight.booked + 1), run.growth)
+        flight.booked = done
+        self.cluster.expect_end(worker_id, flight.start + run.elapsed(done + 1), run.iteration(done + 1))
 
     def _cut_run(self, worker: WorkerState, steps: int | None = None) -> None:
         """Shorten a decode run: to ``steps`` iterations, or else to end at the first iteration
         boundary from now."""
         flight = self._flights.get(worker.id)
-        if flight is None or flight.run is None or flight.run.steps == 1:
+        if flight is None or flight.run is None or flight.run.steps == flight.booked + 1:
             return
-        run = flight.run.cut_at(self.now - flight.start) if steps is None else flight.run.cut_to(steps)
-        if run.steps >= flight.run.steps:
+        whole, ahead = flight.run, flight.booked + 1
+        run = whole.cut_at(self.now - flight.start) if steps is None else whole.cut_to(flight.booked + steps)
+        if run.steps < ahead:
+            run = whole.cut_to(ahead)
+        if run.steps >= whole.steps:
             return
         flight.run, flight.end, flight.version = run, flight.start + run.duration, next(self._versions)
         self._push(flight.end, _ITER_END, (worker.id, flight.version))
@@ -236,8 +241,9 @@ class Simulator:
         stats = self.stats[worker_id]
         stats.busy += flight.end - flight.start
         run = flight.run
-        steps, first, growth = (1, 0.0, 0.0) if run is None else (run.steps, run.iteration(1), run.growth)
-        stats.iterations += steps
+        stats.iterations += 1 if run is None else run.steps
+        steps, first, growth = ((1, 0.0, 0.0) if run is None else
+                                (run.steps - flight.booked, run.iteration(flight.booked + 1), run.growth))
         if run is None:
             stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
         started = time.perf_counter()

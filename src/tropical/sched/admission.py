@@ -13,19 +13,19 @@ NO_LIVE_WORKER = "no live worker can serve it"
 
 def admission_error(req: Request, workers: Sequence[WorkerState],
                     max_context: int | None = None) -> str | None:
-    """Why ``req`` can never run on ``workers``, or None when some worker could hold it."""
+    """Why ``req`` can never run on ``workers``, or None when some worker could hold it (each
+    test stops at the first live worker that passes it: every arrival asks)."""
     if max_context is not None and req.prompt_len + req.output_len > max_context:
         return (f"prompt of {req.prompt_len} plus {req.output_len} output tokens exceeds the "
                 f"context window of {max_context}")
-    live = [w for w in workers if w.alive]
-    if not any(w.role.takes_arrivals for w in live):
+    if not any(w.alive and w.role.takes_arrivals for w in workers):
         return f"{NO_LIVE_WORKER}: none left takes new requests"
-    if not any(w.role.decodes for w in live):
+    if not any(w.alive and w.role.decodes for w in workers):
         return f"{NO_LIVE_WORKER}: none left decodes"
-    if not any(w.role.takes_arrivals and w.kv.capacity_tokens >= w.kv_tokens_needed(req)
-               for w in live):
+    if not any(w.alive and w.role.takes_arrivals and w.kv.capacity_tokens >= w.kv_tokens_needed(req)
+               for w in workers):
         return f"prompt of {req.prompt_len} tokens exceeds every worker's KV cache"
-    if not any(w.role.decodes and w.kv.capacity_tokens >= req.kv_tokens for w in live):
+    if not any(w.alive and w.role.decodes and w.kv.capacity_tokens >= req.kv_tokens for w in workers):
         return f"{req.kv_tokens} tokens of KV exceed every decoding worker's KV cache"
     return None
 

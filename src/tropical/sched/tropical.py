@@ -477,7 +477,7 @@ class TropicalPolicy(Policy):
         arriving request's own TPOT budget; any worker with room when none does. Under chunked
         multiplexing the request rather waits (None) while some worker decodes, so that no
         decode iteration outgrows a TPOT SLO it promised."""
-        decoders = [w for w in workers if w.role.decodes]  # has_room's first test, before the walk
+        _, decoders = self._split(workers)  # has_room's first test, before the walk
         chosen = first_fitting(decoders, lambda w: has_room(req, w) and w.id not in self._roles.returning
                                and self._joins_in_time(req, w, now))
         if chosen is not None:

@@ -11,7 +11,7 @@
 #
 # Usage: bash benchmarks/vllm_policies.sh
 # Knobs (environment): LIMIT, LENGTH_SCALE, RATE_SCALES, REPEATS, SLO_TTFT_MS, SLO_TPOT_MS, POLICIES,
-# OUT, GRID, NIXL_POLL_DELAY_US (the opt-in CPU workaround of docs/vllm.md, on here; 0 turns it off).
+# OUT, GRID, NIXL_POLL_DELAY_US (the opt-in NIXL poll delay of docs/vllm.md, on here; 0 turns it off).
 # Results: $OUT/<policy>/rate-<scale>/run-<k>/ (tropical bench's output), $OUT/twin.json and a
 # Markdown table on stdout: each policy's goodput, mean (min..max) over the repeats, beside its twin's.
 set -euo pipefail
@@ -58,7 +58,8 @@ wait_up() {  # wait_up URL PID LOGFILE
     done
 }
 
-start_instance() {  # start_instance INDEX: vLLM on its own core, NIXL connector as both roles
+start_instance() {  # start_instance INDEX: vLLM on its own core, NIXL connector as both roles;
+    # cpu_patch keeps the model's thread on that core (vLLM's NIXL worker moves it to the last core)
     local i=$1 logfile=$OUT/vllm-$1.log
     PYTHONPATH=src/tropical/serve/vllm/cpu_patch TROPICAL_NIXL_POLL_DELAY_US=$NIXL_POLL_DELAY_US \
         VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_CPU_NUM_OF_RESERVED_CPU=0 \

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live_server import LiveServer, eventually, live_server
 
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+VLLM_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="vLLM is not installed: run "
                                 "`bash scripts/setup-vllm.sh` for the live vLLM test")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

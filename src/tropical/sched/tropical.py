@@ -317,7 +317,8 @@ class TropicalPolicy(Policy):
         Only the first ``lookahead`` of each queue are examined: deeper ones get their turn as
         the queue drains, and the scan stays cheap under overload. Only the live prefill workers
         the toggle queued prompts on are asked (an empty queue has none at risk), in the
-        roster's order; those found empty are forgotten until a prompt is queued there again.
+        roster's order, and only while prompts wait behind those in flight; those found empty
+        are forgotten until a prompt is queued there again.
         """
         by_id = self._prefill_by_id()
         queues = []
@@ -325,9 +326,9 @@ class TropicalPolicy(Policy):
             worker = by_id.get(worker_id)
             if worker is None:
                 continue
-            if worker.waiting:
+            if len(worker.waiting) > worker.batch_prefills:  # prompts queued behind those in flight
                 queues.append((worker, self._risk_of(worker, now)))
-            else:
+            elif not worker.waiting:
                 self._queued_on.discard(worker_id)
         return AtRisk(queues, now)
 

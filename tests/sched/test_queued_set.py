@@ -1,5 +1,6 @@
 """The toggle asks only the prefill queues it queued prompts on (``TropicalPolicy._queued_at_risk``):
-whatever happens to the queues (prompts run, move, yield, are aborted; workers die, come back),
+whatever happens to the queues (prompts run, move, yield, are aborted; workers die, come back,
+change roles),
 it finds exactly the prompts at risk that asking every prefill worker of the roster would."""
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from tropical.sim.simulator import Simulator
 
 TOGGLES = [ToggleParams(), ToggleParams(demote_doomed=True),
            ToggleParams(chunked=True, laxity=True, least_loaded=True),
-           ToggleParams(chunked=True, laxity=True, least_loaded=True, demote_doomed=True)]
+           ToggleParams(chunked=True, laxity=True, least_loaded=True, demote_doomed=True),
+           ToggleParams(flex=True), ToggleParams(chunked=True, laxity=True, least_loaded=True, flex=True)]
+"""The paper's toggle and ``tropical+``, with demotion and with roles lent both ways."""
 
 
 def _seen(at_risk: AtRisk[WorkerState]) -> tuple[object, ...]:
@@ -77,8 +80,8 @@ def test_after_aborts_deaths_and_revivals_the_queue_set_finds_what_every_queue_w
             cluster.worker_died(rng.randrange(4), now)
         elif op < 0.5:
             cluster.worker_revived(rng.randrange(4), now)
-        elif op < 0.7:
-            worker = rng.randrange(4)
+        elif op < 0.7 and any(w.alive for w in cluster.workers):
+            worker = rng.choice([w.id for w in cluster.workers if w.alive])
             batch = cluster.plan(worker, now)
             if batch is not None:
                 cluster.book(worker, batch, now + 0.05)

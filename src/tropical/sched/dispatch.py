@@ -48,14 +48,15 @@ def least_work(req: Request, workers: Iterable[WorkerState]) -> WorkerState | No
     without a cache, the same choice as ``fewest_unfinished``)."""
     live = [w for w in workers if w.alive]
     floor = new_token_floors(req, live)
-    return cheapest(live, lambda w: w.load_floor + floor(w),
+    best = cheapest(live, lambda w: w.load_floor + floor(w),
                     lambda w: w.unfinished_tokens + w.prompt_split(req)[0])
+    return None if best is None else best[0]
 
 
 def cheapest(workers: Iterable[WorkerState], bound: Callable[[WorkerState], float],
-             cost: Callable[[WorkerState], float]) -> WorkerState | None:
-    """The live worker of least ``cost`` (lowest id breaks ties), priced in order of ``bound``,
-    which is never above ``cost``: the walk stops once no worker further on could win."""
+             cost: Callable[[WorkerState], float]) -> tuple[WorkerState, float] | None:
+    """The live worker of least ``cost`` (lowest id breaks ties) and that cost, priced in order of
+    ``bound``, which is never above ``cost``: the walk stops once no worker further on could win."""
     heap = [(bound(w), w.id, w) for w in workers if w.alive]
     heapq.heapify(heap)
     best: tuple[float, int] | None = None
@@ -67,7 +68,7 @@ def cheapest(workers: Iterable[WorkerState], bound: Callable[[WorkerState], floa
         key = (cost(worker), wid)
         if best is None or key < best:
             best, chosen = key, worker
-    return chosen
+    return None if chosen is None or best is None else (chosen, best[0])
 
 
 def new_token_floors(req: Request, workers: Sequence[WorkerState]) -> Callable[[WorkerState], int]:

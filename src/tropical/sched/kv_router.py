@@ -49,7 +49,8 @@ def lowest_cost(req: Request, workers: Iterable[WorkerState], weight: float) -> 
         waiting, blocks = worker.waiting_prompt, worker.kv.blocks_for
         return weight * blocks(floor(worker) + waiting) + blocks(worker.decode_context_floor + waiting)
 
-    return cheapest(live, bound, lambda w: kv_cost(req, w, weight))
+    best = cheapest(live, bound, lambda w: kv_cost(req, w, weight))
+    return None if best is None else best[0]
 
 
 class KVRouterPolicy(ColocatedPolicy):

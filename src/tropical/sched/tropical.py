@@ -302,11 +302,11 @@ class TropicalPolicy(Policy):
                now: float) -> tuple[WorkerState | None, float]:
         """The prefill worker with the earliest predicted finish for ``req`` (or, given the
         baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
-        if self.toggle.least_loaded:
-            chosen = (least_work(req, prefill) if self.toggle.cache_aware else fewest_unfinished(prefill))
-        else:
-            chosen = cheapest(prefill, finish_floors(req, prefill, now),
-                              lambda w: free_at(w, now) + w.prefill_estimate(req))
+        if not self.toggle.least_loaded:
+            best = cheapest(prefill, finish_floors(req, prefill, now),
+                            lambda w: free_at(w, now) + w.prefill_estimate(req))
+            return (None, math.inf) if best is None else best
+        chosen = least_work(req, prefill) if self.toggle.cache_aware else fewest_unfinished(prefill)
         if chosen is None:
             return None, math.inf
         return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)

@@ -88,3 +88,18 @@ def test_no_module_imports_itself_back() -> None:
 def test_a_cycle_is_found() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+PURE = ("tropical.core", "tropical.sched")
+"""The layers DESIGN.md keeps pure: no I/O, no torch, no wall clock."""
+ABOVE = ("tropical.sim", "tropical.serve", "tropical.engine", "tropical.bench", "tropical.fidelity",
+         "tropical.report", "tropical.cli")
+"""Layers built on them: a pure module importing one of these would be an arrow running upward."""
+
+
+def test_no_arrow_runs_upward_from_the_pure_layers() -> None:
+    graph = import_graph()
+    upward = sorted((module, target) for module, targets in graph.items() if module.startswith(PURE)
+                    for target in targets if target.startswith(ABOVE))
+    assert upward == []
+    assert any(m.startswith("tropical.sched") for m in graph), "the pure layers were not read"

@@ -17,11 +17,6 @@ from tropical.core.request import Request
 from tropical.sched.worker import WorkerState
 
 
-def load(worker: WorkerState) -> tuple[int, int]:
-    """A worker's place in every dispatch by load: fewest unfinished tokens, lowest id first."""
-    return worker.unfinished_tokens, worker.id
-
-
 def least_loaded_first(workers: Iterable[WorkerState]) -> Iterator[WorkerState]:
     """The live workers by fewest unfinished tokens (lowest id breaks ties), produced lazily: a
     worker whose floor reaches the front goes back in at its exact load unless that is its floor."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tropical.sched.dispatch import load
+from tropical.sched.dispatch import fewest_unfinished
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
 
@@ -44,9 +44,9 @@ class RoleSwitch:
             self._switch(idle[-1], Role.MULTIPLEX, rules, now)
             self.lent.add(idle[-1].id)
         elif pressed and not self.returning:
-            away = [w for w in workers if w.id in self.lent and w.alive and self._settled(w, now)]
-            if away:
-                self.returning.add(min(away, key=load).id)
+            back = fewest_unfinished(w for w in workers if w.id in self.lent and self._settled(w, now))
+            if back is not None:
+                self.returning.add(back.id)
 
     def _settled(self, worker: WorkerState, now: float) -> bool:
         return now - self.since.get(worker.id, -self.hold) >= self.hold

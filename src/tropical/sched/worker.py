@@ -76,10 +76,16 @@ class WorkerState:
     _batch_edits: int = 0
     _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...]] = (-1, 0, ())
 
+    def _lagging(self) -> Lag | None:
+        """The substrate's ``Lag`` while this worker's decode run may have completed iterations
+        not booked yet (its next one was due by now), else None."""
+        lag = self.lag
+        return lag if lag is not None and self._busy_until <= lag.now and self.running else None
+
     def _current(self) -> None:
         """Book the decode iterations completed by now, if the substrate books them lazily."""
-        lag = self.lag
-        if lag is not None and self._busy_until <= lag.now and self.running:
+        lag = self._lagging()
+        if lag is not None:
             lag.catch_up(self.id)
 
     @property
@@ -115,8 +121,8 @@ class WorkerState:
         """Prompt tokens still to prefill plus output tokens still to generate, all assigned work
         (the iterations run and not booked yet counted, not booked: see ``Lag``)."""
         remaining = self._running_remaining
-        lag = self.lag
-        if lag is not None and self._busy_until <= lag.now and self.running:
+        lag = self._lagging()
+        if lag is not None:
             remaining -= len(self.running) * lag.unbooked(self.id)
         return self.waiting_tokens + remaining + self._incoming_tokens
 
@@ -128,8 +134,8 @@ class WorkerState:
         past the next finish. A walk by load orders workers by it and reads the exact load of
         those it reaches."""
         remaining = self._running_remaining
-        lag = self.lag
-        if lag is not None and self._busy_until <= lag.now and self._finishes:
+        lag = self._lagging()
+        if lag is not None:
             most = self._finishes[0][0] - self._steps
             if self.pace > 0:
                 most = min(most, 2 + int((lag.now - self._busy_until) / self.pace))

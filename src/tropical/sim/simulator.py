@@ -205,13 +205,13 @@ class Simulator:
         """Book the iterations of the worker's decode run completed by now, short of the run's
         last (its iteration end books that), when a decision reads the worker (see Lag; a run
         whose next iteration the clock has not quite passed waits for the next read)."""
-        flight = self._flights.get(worker_id)
-        if flight is None or flight.run is None:
+        unbooked = self._unbooked(worker_id)
+        if not unbooked:
             return
+        flight = self._flights[worker_id]
         run = flight.run
-        done = run.completed_by(self.now - flight.start)
-        if done <= flight.booked:
-            return
+        assert run is not None
+        done = flight.booked + unbooked
         self.settled += 1
         self.cluster.advance(worker_id, done - flight.booked, flight.start + run.elapsed(done),
                              run.iteration(flight.booked + 1), run.growth)

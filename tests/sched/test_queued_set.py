@@ -38,7 +38,7 @@ class Checked(TropicalPolicy):
 
     def _queued_at_risk(self, now: float) -> AtRisk[WorkerState]:
         kept = super()._queued_at_risk(now)
-        every = AtRisk([(w, self._risk_of(w, now)) for w in self._prefill_by_id().values()], now)
+        every = AtRisk([(w, self._risk_of(w, now)) for w in self._kept.prefill_by_id.values()], now)
         assert _seen(kept) == _seen(every)
         Checked.looks += 1
         return kept

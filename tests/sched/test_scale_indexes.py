@@ -18,13 +18,16 @@ from tropical.sched.cluster import Cluster
 from tropical.sched.dispatch import decode_destination, has_room, least_work
 from tropical.sched.fleet import worker_states
 from tropical.sched.kv_router import kv_cost, lowest_cost
+from tropical.sched.load_index import LoadIndex
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
-from tropical.sched.tropical import SHORTLIST, shortlist
+from tropical.sched.tropical import SHORTLIST, Roster, shortlist
 from tropical.sched.worker import WorkerState
 
 LABELS = ["a", "ab", "abc", "b", "bc", "c"]
+FLEETS = st.sampled_from([1, 5, 12, 40])
+"""Fleet sizes: 40 is more workers than a walk from the load index sorts at first."""
 
 
 def fleet(n: int, role: Role = Role.MULTIPLEX, kv_tokens: int = 4_096) -> list[WorkerState]:
@@ -64,17 +67,19 @@ def holders_by_cache(workers: list[WorkerState]) -> dict[int, set[int]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 12), st.sampled_from(LABELS), st.integers(1, 5 * BLOCK))
+@given(st.integers(0, 10_000), FLEETS, st.sampled_from(LABELS), st.integers(1, 5 * BLOCK))
 def test_least_work_walks_by_load_and_chooses_what_a_full_look_would(seed, n, label, prompt):
     workers = loaded_fleet(seed, n)
     req = prefixed(99_999, keys(label, prompt), prompt)
     live = [w for w in workers if w.alive]
     expected = min(live, key=lambda w: (w.unfinished_tokens + w.prompt_split(req)[0], w.id)) if live else None
-    assert least_work(req, workers) is expected
+    assert least_work(req, workers, tuple(Role)) is expected
+    LoadIndex.over(workers)
+    assert least_work(req, workers, tuple(Role)) is expected
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 12), st.sampled_from(LABELS), st.integers(1, 5 * BLOCK),
+@given(st.integers(0, 10_000), FLEETS, st.sampled_from(LABELS), st.integers(1, 5 * BLOCK),
        st.sampled_from([1.0, 64.0]))
 def test_the_kv_router_prices_from_the_lowest_bound_and_chooses_what_a_full_look_would(
         seed, n, label, prompt, weight):
@@ -82,7 +87,9 @@ def test_the_kv_router_prices_from_the_lowest_bound_and_chooses_what_a_full_look
     req = prefixed(99_999, keys(label, prompt), prompt)
     live = [w for w in workers if w.alive]
     expected = min(live, key=lambda w: (kv_cost(req, w, weight), w.id)) if live else None
-    assert lowest_cost(req, workers, weight) is expected
+    assert lowest_cost(req, workers, tuple(Role), weight) is expected
+    LoadIndex.over(workers)
+    assert lowest_cost(req, workers, tuple(Role), weight) is expected
 
 
 @settings(max_examples=60, deadline=None)
@@ -92,6 +99,8 @@ def test_decode_destination_is_the_least_loaded_with_room(seed, n, prompt):
     req = make_request(99_999, prompt=prompt, output=50)
     room = [w for w in workers if w.alive and has_room(req, w)]
     expected = min(room, key=lambda w: (w.unfinished_tokens, w.id)) if room else None
+    assert decode_destination(req, workers) is expected
+    LoadIndex.over(workers)
     assert decode_destination(req, workers) is expected
 
 
@@ -151,7 +160,7 @@ def test_the_toggle_splits_roles_anew_after_a_death_and_a_revival():
 def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_prefix_holders():
     small = fleet(SHORTLIST)
     req = prefixed(1, keys("abc", 3 * BLOCK), 3 * BLOCK)
-    assert shortlist(req, small) == small
+    assert shortlist(req, Roster.of(small)) == small
     workers = fleet(4 * SHORTLIST)
     rng = random.Random(3)
     for w in workers[1:]:
@@ -161,11 +170,13 @@ def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_
     holder.enqueue(history)
     assert holder.reserve(history)
     holder.complete_prefill(history, history.remaining_prompt, now=0.0)
-    picked = shortlist(req, workers)
+    picked = shortlist(req, Roster.of(workers))
     assert len(picked) == SHORTLIST and len({w.id for w in picked}) == SHORTLIST
     assert workers[0] in picked and holder in picked
     least = sorted(workers, key=lambda w: (w.unfinished_tokens, w.id))[:SHORTLIST // 2]
     assert all(w in picked for w in least)
+    LoadIndex.over(workers)
+    assert shortlist(req, Roster.of(workers)) == picked
 
 
 def test_a_request_without_prefix_blocks_has_no_holders():

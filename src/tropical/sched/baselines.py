@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tropical.core.request import PrefillPath, Request
-from tropical.sched.dispatch import fewest_unfinished
+from tropical.sched.dispatch import ARRIVAL_ROLES, least_loaded_of
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
@@ -20,7 +20,7 @@ from tropical.sched.worker import WorkerState
 def dispatch_to_least_loaded(req: Request, workers: Sequence[WorkerState],
                              path: PrefillPath) -> list[Assignment]:
     """Send ``req`` to the arrival-taking worker with the fewest unfinished tokens."""
-    target = fewest_unfinished(w for w in workers if w.role.takes_arrivals)
+    target = least_loaded_of(workers, ARRIVAL_ROLES)
     if target is None:
         raise RuntimeError("no live worker takes new requests")
     return [Assignment(req, target.id, path, "fewest unfinished tokens")]

@@ -21,10 +21,15 @@ from dataclasses import dataclass
 from tropical.core.request import Request
 from tropical.sched.admission import admission_error
 from tropical.sched.batching import Batch, form_batch
+from tropical.sched.load_index import LoadIndex
 from tropical.sched.mirror import book_streams, unplan
 from tropical.sched.policy import Assignment, Policy, apply
 from tropical.sched.rejection import Refusal, arrival_refusal
 from tropical.sched.worker import WorkerState, worker_state
+
+INDEXED_FROM = 64
+"""Fleets at least this large keep a ``LoadIndex`` (smaller ones: a pass over every worker per
+decision costs less than keeping one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +103,9 @@ class Cluster:
     a decision reads them)."""
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, index_from: int = INDEXED_FROM) -> None:
         self.workers = list(workers)
+        self.index = LoadIndex.over(self.workers) if len(self.workers) >= index_from else None
         self.policy = policy
         self.max_context = max_context
         self.stalled: list[tuple[Request, int]] = []
@@ -326,6 +332,7 @@ class Cluster:
         """Take a dead worker out of the policy's view; returns the requests it took with it, and
         what retrying the stalled migrations without it does (with no decoder left, they fail)."""
         self.workers[worker_id].alive = False
+        self.workers[worker_id].changed()
         self.policy.roster_changed()
         lost = self.on_worker(worker_id)
         for req in lost:
@@ -344,5 +351,7 @@ class Cluster:
                                                old.kv.block_size, old.latency, old.kv.cache is not None,
                                                directory)
         self.workers[worker_id].lag = old.lag
+        if self.index is not None:
+            self.index.watch(self.workers[worker_id])
         self.policy.roster_changed()
         return self._retry_stalled(now)

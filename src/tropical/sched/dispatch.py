@@ -2,10 +2,11 @@
 
 Each choice walks the live workers from the least loaded up (or the lowest bound on their cost)
 and stops as soon as no worker further on could win, so that a dispatch over a thousand workers
-prices the few at the front (the walk is a heap: building it is one pass of cheap reads, each
-step a logarithm). The heap is built from lower bounds of each worker's load (``load_floor``),
-which read no decode progress the simulator has not booked yet (``sched.lag``): only the workers
-the walk reaches are brought up to date.
+prices the few at the front. Over the fleet a cluster runs, the walk reads the fleet's
+``LoadIndex`` (keys kept across decisions: a walk costs the workers it reaches); over any other
+set of workers it builds a heap from lower bounds of each worker's load (``load_floor``: one
+pass of cheap reads). Both read no decode progress the simulator has not booked yet
+(``sched.lag``): only the workers the walk reaches are brought up to date.
 """
 
 from __future__ import annotations
@@ -13,8 +14,40 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
+
 from tropical.core.request import Request
+from tropical.sched.load_index import Ranked, fleet_index
+from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
+
+ARRIVAL_ROLES = tuple(role for role in Role if role.takes_arrivals)
+DECODING_ROLES = tuple(role for role in Role if role.decodes)
+Bounded = tuple[float, int, WorkerState]
+"""A worker with a lower bound on what a choice would cost there, and its id to break ties."""
+
+
+def by_load(workers: Sequence[WorkerState], roles: Sequence[Role]) -> Iterator[WorkerState]:
+    """The live workers of ``roles`` by fewest unfinished tokens (lowest id breaks ties),
+    produced lazily: from the fleet's index if ``workers`` is an indexed fleet."""
+    index = fleet_index(workers)
+    if index is None:
+        return least_loaded_first(w for w in workers if w.role in roles)
+    return _exact(index.ordered(roles), workers)
+
+
+def _exact(filed: Iterator[Ranked], workers: Sequence[WorkerState]) -> Iterator[WorkerState]:
+    """Workers in order of exact load, from ``filed`` in order of keys that never exceed it: a
+    worker goes out once no key still to come could be below its load."""
+    heap: list[tuple[int, int, WorkerState]] = []
+    upcoming = next(filed, None)
+    while heap or upcoming is not None:
+        if upcoming is not None and (not heap or upcoming < (heap[0][0], heap[0][1])):
+            worker = workers[upcoming[1]]
+            heapq.heappush(heap, (worker.unfinished_tokens, upcoming[1], worker))
+            upcoming = next(filed, None)
+        else:
+            yield heapq.heappop(heap)[2]
 
 
 def least_loaded_first(workers: Iterable[WorkerState]) -> Iterator[WorkerState]:
@@ -37,14 +70,24 @@ def fewest_unfinished(workers: Iterable[WorkerState]) -> WorkerState | None:
     return next(least_loaded_first(workers), None)
 
 
-def least_work(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
-    """The live worker with the least outstanding work once it took ``req``: its unfinished
-    tokens plus the prompt tokens of ``req`` its prefix cache lacks (lowest id breaks ties;
-    without a cache, the same choice as ``fewest_unfinished``)."""
-    live = [w for w in workers if w.alive]
-    floor = new_token_floors(req, live)
-    best = cheapest(live, lambda w: w.load_floor + floor(w),
-                    lambda w: w.unfinished_tokens + w.prompt_split(req)[0])
+def least_loaded_of(workers: Sequence[WorkerState], roles: Sequence[Role]) -> WorkerState | None:
+    """``fewest_unfinished`` among the live workers of ``roles``, read from the fleet's index."""
+    return next(by_load(workers, roles), None)
+
+
+def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Role]) -> WorkerState | None:
+    """The live worker of ``roles`` with the least outstanding work once it took ``req``: its
+    unfinished tokens plus the prompt tokens of ``req`` its prefix cache lacks (lowest id breaks
+    ties; without a cache, the same choice as ``fewest_unfinished``)."""
+    floors = NewTokenFloors.of(req, workers)
+    index = fleet_index(workers)
+    if index is None:
+        bounds: Iterable[Bounded] = _sorted((w.load_floor + floors.at(w), w.id, w)
+                                            for w in workers if w.alive and w.role in roles)
+    else:
+        bounds = ((bound, wid, workers[wid])
+                  for bound, wid in index.ordered(roles, floors.vector(len(workers))))
+    best = cheapest_of(bounds, lambda w: w.unfinished_tokens + w.prompt_split(req)[0])
     return None if best is None else best[0]
 
 
@@ -52,12 +95,25 @@ def cheapest(workers: Iterable[WorkerState], bound: Callable[[WorkerState], floa
              cost: Callable[[WorkerState], float]) -> tuple[WorkerState, float] | None:
     """The live worker of least ``cost`` (lowest id breaks ties) and that cost, priced in order of
     ``bound``, which is never above ``cost``: the walk stops once no worker further on could win."""
-    heap = [(bound(w), w.id, w) for w in workers if w.alive]
+    return cheapest_of(_sorted((bound(w), w.id, w) for w in workers if w.alive), cost)
+
+
+def _sorted(bounded: Iterable[Bounded]) -> Iterator[Bounded]:
+    """``bounded`` least bound first, produced lazily from a heap (one pass, then a logarithm
+    a step)."""
+    heap = list(bounded)
     heapq.heapify(heap)
+    while heap:
+        yield heapq.heappop(heap)
+
+
+def cheapest_of(bounds: Iterable[Bounded],
+                cost: Callable[[WorkerState], float]) -> tuple[WorkerState, float] | None:
+    """The worker of least ``cost`` (lowest id breaks ties) and that cost, from workers given in
+    order of a bound never above their cost: the walk stops once no worker further on could win."""
     best: tuple[float, int] | None = None
     chosen = None
-    while heap:
-        floor, wid, worker = heapq.heappop(heap)
+    for floor, wid, worker in bounds:
         if best is not None and (floor, wid) > best:
             break
         key = (cost(worker), wid)
@@ -66,28 +122,56 @@ def cheapest(workers: Iterable[WorkerState], bound: Callable[[WorkerState], floa
     return None if chosen is None or best is None else (chosen, best[0])
 
 
-def new_token_floors(req: Request, workers: Sequence[WorkerState]) -> Callable[[WorkerState], int]:
+class NewTokenFloors:
     """For each worker, a floor on the prompt tokens of ``req`` it would compute: what the
     request has left where it is, else its prompt past the run of its prefix blocks that the
-    worker holds (the fleet's directory says, in one walk of the prompt's blocks), and never
-    less than the last token (a hit stops short of it)."""
-    left = req.remaining_prompt
-    if not req.prefix:
-        return lambda w: left
-    cache = next((w.kv.cache for w in workers if w.kv.cache is not None), None)
-    if cache is None or cache.directory is None:
-        return lambda w: min(left, 1)
-    runs, span, prompt = cache.directory.runs(req), req.prefix_block, req.prompt_len
-    return lambda w: min(left, max(1, prompt - runs.get(w.id, 0) * span))
+    worker holds (the fleet's directory says, in one walk of the prompt's blocks: ``levels``,
+    the workers by how many blocks they hold), and never less than the last token (a hit stops
+    short of it). Every worker that holds none of its blocks has the same floor (``rest``).
+    (A plain class: compiled.)"""
+
+    __slots__ = ("left", "prompt", "span", "levels", "rest")
+
+    def __init__(self, left: int, prompt: int, span: int, levels: list[tuple[int, set[int]]],
+                 rest: int) -> None:
+        self.left, self.prompt, self.span, self.levels, self.rest = left, prompt, span, levels, rest
+
+    @classmethod
+    def of(cls, req: Request, workers: Sequence[WorkerState]) -> NewTokenFloors:
+        left = req.remaining_prompt
+        if not req.prefix:
+            return cls(left, req.prompt_len, 1, [], left)
+        cache = next((w.kv.cache for w in workers if w.kv.cache is not None), None)
+        if cache is None or cache.directory is None:
+            return cls(left, req.prompt_len, 1, [], min(left, 1))
+        return cls(left, req.prompt_len, req.prefix_block, cache.directory.levels(req),
+                   min(left, max(1, req.prompt_len)))
+
+    def at(self, worker: WorkerState) -> int:
+        for depth, held in reversed(self.levels):
+            if worker.id in held:
+                return self.floor(depth)
+        return self.rest
+
+    def floor(self, depth: int) -> int:
+        """The floor of a worker holding ``depth`` of the prompt's blocks."""
+        return min(self.left, max(1, self.prompt - depth * self.span))
+
+    def vector(self, size: int, price: Callable[[int], float] | None = None) -> np.ndarray:
+        """``at`` of every worker of a fleet of ``size``, by id (priced by ``price`` if given:
+        once per level), filled a level at a time (no look at each worker in Python: the first
+        blocks of a conversation are held by every worker)."""
+        value: Callable[[int], float] = int if price is None else price
+        floors = np.full(size, value(self.rest), np.int64 if price is None else float)
+        for depth, held in self.levels:
+            floors[np.fromiter(held, np.int64, len(held))] = value(self.floor(depth))
+        return floors
 
 
-def first_fitting(workers: Iterable[WorkerState],
+def first_fitting(ordered: Iterable[WorkerState],
                   fits: Callable[[WorkerState], bool]) -> WorkerState | None:
-    """The least loaded live worker that ``fits`` (lowest id breaks ties)."""
-    for worker in least_loaded_first(workers):
-        if fits(worker):
-            return worker
-    return None
+    """The first worker of ``ordered`` (least loaded first: ``by_load``) that ``fits``."""
+    return next((worker for worker in ordered if fits(worker)), None)
 
 
 def has_room(req: Request, worker: WorkerState) -> bool:
@@ -95,8 +179,8 @@ def has_room(req: Request, worker: WorkerState) -> bool:
     return worker.role.decodes and worker.can_hold(req) and worker.batch_size < worker.rules.max_seqs
 
 
-def decode_destination(req: Request, workers: Iterable[WorkerState]) -> WorkerState | None:
+def decode_destination(req: Request, workers: Sequence[WorkerState]) -> WorkerState | None:
     """Where a prefilled request should decode: fewest unfinished tokens among those with room
     (only decoding workers enter the walk: under disaggregation the least loaded are often the
     prefill workers, and the walk would pass each of them)."""
-    return first_fitting([w for w in workers if w.role.decodes], lambda w: has_room(req, w))
+    return first_fitting(by_load(workers, DECODING_ROLES), lambda w: has_room(req, w))

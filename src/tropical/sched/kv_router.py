@@ -12,11 +12,12 @@ kv-router-disagg: disaggregated prefill and decode workers; a prompt goes to the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import ColocatedPolicy, split_roles
-from tropical.sched.dispatch import cheapest, fewest_unfinished, new_token_floors
+from tropical.sched.dispatch import ARRIVAL_ROLES, NewTokenFloors, cheapest_of, least_loaded_of
+from tropical.sched.load_index import ascending, blocks, fleet_index
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.worker import WorkerState
@@ -38,19 +39,33 @@ def kv_cost(req: Request, worker: WorkerState, weight: float) -> float:
     return weight * prefill + worker.kv.blocks_for(worker.decode_context + worker.waiting_prompt)
 
 
-def lowest_cost(req: Request, workers: Iterable[WorkerState], weight: float) -> WorkerState | None:
-    """The live worker of lowest ``kv_cost`` (lowest id breaks ties), priced from the lowest
-    bound up: its cost were it to lack only the floor of the tokens it lacks, its decode
-    contexts as last booked (see ``sched.lag``)."""
-    live = [w for w in workers if w.alive]
-    floor = new_token_floors(req, live)
-
-    def bound(worker: WorkerState) -> float:
-        waiting, blocks = worker.waiting_prompt, worker.kv.blocks_for
-        return weight * blocks(floor(worker) + waiting) + blocks(worker.decode_context_floor + waiting)
-
-    best = cheapest(live, bound, lambda w: kv_cost(req, w, weight))
+def lowest_cost(req: Request, workers: Sequence[WorkerState], roles: Sequence[Role],
+                weight: float) -> WorkerState | None:
+    """The live worker of ``roles`` of lowest ``kv_cost`` (lowest id breaks ties), priced from
+    the lowest bound up: its cost were it to lack only the floor of the tokens it lacks, its
+    decode contexts as last booked (see ``sched.lag``); over an indexed fleet, the bounds of
+    all of them in a few vector operations (``LoadIndex``)."""
+    floors = NewTokenFloors.of(req, workers)
+    index = fleet_index(workers)
+    if index is None:
+        live = (w for w in workers if w.alive and w.role in roles)
+        best = cheapest_of(sorted((kv_bound(w, floors.at(w), weight), w.id, w) for w in live),
+                           lambda w: kv_cost(req, w, weight))
+        return None if best is None else best[0]
+    ids = index.live_ids(roles)
+    waiting, size = index.waiting_prompt[ids], index.block_size[ids]
+    bounds = (weight * blocks(floors.vector(len(workers))[ids] + waiting, size)
+              + blocks(index.decode_context[ids] + waiting, size))
+    best = cheapest_of(((bound, wid, workers[wid]) for bound, wid in ascending(bounds, ids)),
+                       lambda w: kv_cost(req, w, weight))
     return None if best is None else best[0]
+
+
+def kv_bound(worker: WorkerState, new_floor: int, weight: float) -> float:
+    """``kv_cost`` were the worker to lack ``new_floor`` prompt tokens, its decode contexts as
+    last booked."""
+    waiting, blocks_for = worker.waiting_prompt, worker.kv.blocks_for
+    return weight * blocks_for(new_floor + waiting) + blocks_for(worker.decode_context_floor + waiting)
 
 
 class KVRouterPolicy(ColocatedPolicy):
@@ -63,7 +78,7 @@ class KVRouterPolicy(ColocatedPolicy):
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
-        target = lowest_cost(req, (w for w in workers if w.role.takes_arrivals), self.weight)
+        target = lowest_cost(req, workers, ARRIVAL_ROLES, self.weight)
         if target is None:
             raise RuntimeError("no live worker takes new requests")
         return [Assignment(req, target.id, PrefillPath.COLOCATED, "lowest KV-router cost")]
@@ -92,12 +107,12 @@ class KVRouterDisaggPolicy(Policy):
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
-        decode = fewest_unfinished(w for w in workers if w.role is Role.MULTIPLEX)
+        decode = least_loaded_of(workers, (Role.MULTIPLEX,))
         if decode is not None and decode.prompt_split(req)[0] <= self.local_limit:
             return [Assignment(req, decode.id, PrefillPath.COLOCATED,
                                f"conditional disaggregation: at most {self.local_limit} tokens uncached "
                                "on the decode worker")]
-        prefill = lowest_cost(req, (w for w in workers if w.role is Role.PREFILL), self.weight)
+        prefill = lowest_cost(req, workers, (Role.PREFILL,), self.weight)
         if prefill is not None:
             return [Assignment(req, prefill.id, PrefillPath.PREFILL_WORKER, "lowest KV-router cost")]
         if decode is None:

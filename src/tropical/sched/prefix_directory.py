@@ -39,9 +39,15 @@ class PrefixDirectory:
 
     def runs(self, req: Request) -> dict[int, int]:
         """For each worker holding ``req``'s first prefix block: how many of its blocks, from
-        the first, it holds (the workers left at each depth are those holding every block so
-        far, so the walk costs the holders of its first blocks, not the fleet)."""
-        runs: dict[int, int] = {}
+        the first, it holds."""
+        return {worker_id: depth for depth, held in self.levels(req) for worker_id in held}
+
+    def levels(self, req: Request) -> list[tuple[int, set[int]]]:
+        """The workers holding ``req``'s first prefix block by how many of its blocks, from the
+        first, they hold: (that many, those workers), shallowest first (the workers left at
+        each depth are those holding every block so far, so the walk costs set operations on
+        the holders of its first blocks, not a look at each)."""
+        levels: list[tuple[int, set[int]]] = []
         left: set[int] = set()
         depth = 0
         prefix: tuple[Hashable, ...] = req.prefix
@@ -55,12 +61,12 @@ class PrefixDirectory:
             kept = set(held) if not depth else left & held
             if not kept:
                 break
-            for worker_id in left - kept:
-                runs[worker_id] = depth
+            if len(kept) < len(left):
+                levels.append((depth, left - kept))
             left, depth = kept, depth + 1
-        for worker_id in left:
-            runs[worker_id] = depth
-        return runs
+        if left:
+            levels.append((depth, left))
+        return levels
 
     def deepest_holders(self, req: Request) -> set[int]:
         """The workers holding the deepest block of ``req``'s prefix that any worker holds along

@@ -53,7 +53,7 @@ class RoleSwitch:
 
     def _switch(self, worker: WorkerState, role: Role, rules: dict[Role, BatchRules],
                 now: float) -> None:
-        worker.role, worker.rules = role, rules[role]
+        worker.become(role, rules[role])
         self.since[worker.id] = now
 
 

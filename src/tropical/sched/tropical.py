@@ -17,20 +17,25 @@ from dataclasses import dataclass
 from itertools import islice
 
 from tropical.core.latency.iterations import prefill_time
+from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.chunk import Chunk, Lineup
 from tropical.sched.dispatch import (
+    NewTokenFloors,
+    by_load,
     cheapest,
+    cheapest_of,
     decode_destination,
     fewest_unfinished,
     first_fitting,
     has_room,
     least_loaded_first,
+    least_loaded_of,
     least_work,
-    new_token_floors,
 )
+from tropical.sched.load_index import ascending, fleet_index
 from tropical.sched.next_iteration import NextIteration
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
@@ -92,6 +97,33 @@ _AtRisk = tuple[Request, WorkerState, float]
 """A queued request whose TTFT is at risk, the prefill worker it waits on, and its predicted
 Path 1 finish there."""
 _CHUNKS_KEPT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Roster:
+    """The fleet as the toggle splits it: its live prefill and multiplexing workers, the ids of
+    the latter, the prefill workers by id, and the latency model they all share (None: not
+    one)."""
+
+    fleet: Sequence[WorkerState]
+    prefill: list[WorkerState]
+    multiplex: list[WorkerState]
+    multiplex_ids: set[int]
+    prefill_by_id: dict[int, WorkerState]
+    latency: LatencyModel | None
+
+    @classmethod
+    def of(cls, workers: Sequence[WorkerState]) -> Roster:
+        live = [w for w in workers if w.alive]
+        prefill = [w for w in live if w.role is Role.PREFILL]
+        models = {id(w.latency): w.latency for w in prefill}
+        multiplex = [w for w in live if w.role is Role.MULTIPLEX]
+        return cls(workers, prefill, multiplex, {w.id for w in multiplex}, {w.id: w for w in prefill},
+                   next(iter(models.values())) if len(models) == 1 else None)
+
+
+_PREFILL = (Role.PREFILL,)
+_MULTIPLEX = (Role.MULTIPLEX,)
 SHORTLIST = 16
 """Multiplexing workers Path 2 prices per request: all of them up to this many; beyond, the
 ones with the least work once they took it (their prefix cache's hit counted), so that a
@@ -127,8 +159,7 @@ class TropicalPolicy(Policy):
         self._risks: dict[int, QueueRisk] = {}
         self._queued_on: set[int] = set()
         self._roles = RoleSwitch()
-        self._roster: tuple[Sequence[WorkerState], list[WorkerState], list[WorkerState],
-                            dict[int, WorkerState]] | None = None
+        self._roster: Roster | None = None
 
     @property
     def _path2_slack(self) -> SlackRule:
@@ -162,17 +193,15 @@ class TropicalPolicy(Policy):
         """The live prefill and multiplexing workers, kept while the roster stands (every event
         asks; a pass over a thousand workers per event is what the toggle cannot afford)."""
         kept = self._roster
-        if kept is None or kept[0] is not workers:
-            live = [w for w in workers if w.alive]
-            prefill = [w for w in live if w.role is Role.PREFILL]
-            kept = self._roster = (workers, prefill, [w for w in live if w.role is Role.MULTIPLEX],
-                                   {w.id: w for w in prefill})
-        return kept[1], kept[2]
+        if kept is None or kept.fleet is not workers:
+            kept = self._roster = Roster.of(workers)
+        return kept.prefill, kept.multiplex
 
-    def _prefill_by_id(self) -> dict[int, WorkerState]:
-        """The roster's prefill workers by id (the roster is current: every event splits first)."""
+    @property
+    def _kept(self) -> Roster:
+        """The roster (current: every event splits first)."""
         assert self._roster is not None
-        return self._roster[3]
+        return self._roster
 
     def on_arrival(self, req: Request, now: float,
                    workers: Sequence[WorkerState]) -> list[Assignment]:
@@ -188,12 +217,12 @@ class TropicalPolicy(Policy):
         prefill, multiplex = self._split(workers)
         self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}
         self._forget_chunks()
-        best, finish = self._path1(req, prefill, now)
+        best, finish = self._path1(req, workers, prefill, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
                                first_token=finish)]
-        options = [(done, w.id, w) for w in shortlist(req, multiplex)
+        options = [(done, w.id, w) for w in shortlist(req, self._kept)
                    if (done := self._multiplex_finish(req, w, None, now)) is not None
                    and self._worth(req, done, finish)]
         if options:
@@ -223,7 +252,7 @@ class TropicalPolicy(Policy):
         self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
         doomed_too = not self.toggle.chunked and not self.toggle.demote_doomed
-        moves = self._multiplex_at_risk(at_risk.shortest_first(doomed_too), multiplex, now)
+        moves = self._multiplex_at_risk(at_risk.shortest_first(doomed_too), workers, multiplex, now)
         if self.toggle.flex:
             self._roles.update(workers, now, len(moves) < at_risk.count,
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
@@ -233,14 +262,14 @@ class TropicalPolicy(Policy):
         return self._noted(moves + [self._demoted(req, source) for req, source, _ in at_risk.doomed()
                                     if not req.yielded])
 
-    def _multiplex_at_risk(self, at_risk: Iterable[_AtRisk],
+    def _multiplex_at_risk(self, at_risk: Iterable[_AtRisk], workers: Sequence[WorkerState],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
         ranked: list[WorkerState] | None = None  # loads stand through the round: rank them once
         for req, source, finish in at_risk:
-            ranked = ranked if ranked is not None else least_loaded(multiplex)
-            options = [(done, w.id, w) for w in shortlist(req, multiplex, ranked)
+            ranked = ranked if ranked is not None else least_loaded(workers)
+            options = [(done, w.id, w) for w in shortlist(req, self._kept, ranked)
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
                 self._plan_checks(req, multiplex, plans, now, finish)
@@ -298,15 +327,15 @@ class TropicalPolicy(Policy):
             return None
         return worker.steps + int(nxt.busy) + max(wait, 1)
 
-    def _path1(self, req: Request, prefill: list[WorkerState],
+    def _path1(self, req: Request, workers: Sequence[WorkerState], prefill: list[WorkerState],
                now: float) -> tuple[WorkerState | None, float]:
         """The prefill worker with the earliest predicted finish for ``req`` (or, given the
         baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
         if not self.toggle.least_loaded:
-            best = cheapest(prefill, finish_floors(req, prefill, now),
-                            lambda w: free_at(w, now) + w.prefill_estimate(req))
+            best = earliest_finish(req, self._kept, now)
             return (None, math.inf) if best is None else best
-        chosen = least_work(req, prefill) if self.toggle.cache_aware else fewest_unfinished(prefill)
+        chosen = (least_work(req, workers, _PREFILL) if self.toggle.cache_aware
+                  else least_loaded_of(workers, _PREFILL))
         if chosen is None:
             return None, math.inf
         return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)
@@ -320,7 +349,7 @@ class TropicalPolicy(Policy):
         roster's order, and only while prompts wait behind those in flight; those found empty
         are forgotten until a prompt is queued there again.
         """
-        by_id = self._prefill_by_id()
+        by_id = self._kept.prefill_by_id
         queues = []
         for worker_id in sorted(self._queued_on):
             worker = by_id.get(worker_id)
@@ -478,8 +507,8 @@ class TropicalPolicy(Policy):
         arriving request's own TPOT budget; any worker with room when none does. Under chunked
         multiplexing the request rather waits (None) while some worker decodes, so that no
         decode iteration outgrows a TPOT SLO it promised."""
-        _, decoders = self._split(workers)  # has_room's first test, before the walk
-        chosen = first_fitting(decoders, lambda w: has_room(req, w) and w.id not in self._roles.returning
+        chosen = first_fitting(by_load(workers, _MULTIPLEX),
+                               lambda w: has_room(req, w) and w.id not in self._roles.returning
                                and self._joins_in_time(req, w, now))
         if chosen is not None:
             return chosen
@@ -502,16 +531,38 @@ class TropicalPolicy(Policy):
         return Assignment(req, target.id, PrefillPath.FALLBACK, "no live prefill worker")
 
 
+def earliest_finish(req: Request, roster: Roster, now: float) -> tuple[WorkerState, float] | None:
+    """The live prefill worker with the earliest predicted finish of ``req`` (lowest id breaks
+    ties) and that finish, priced from the earliest floor up (``finish_floors``): over an
+    indexed fleet whose prefill workers share one latency model, the floors of all of them are
+    a few vector operations (``LoadIndex``), the prompt priced once per count of new tokens
+    (``NewTokenFloors.vector``)."""
+    prefill, workers = roster.prefill, roster.fleet
+    index = fleet_index(workers)
+
+    def cost(worker: WorkerState) -> float:
+        return free_at(worker, now) + worker.prefill_estimate(req)
+
+    if index is None or roster.latency is None:
+        return cheapest(prefill, finish_floors(req, prefill, now), cost)
+    ids = index.live_ids(_PREFILL)
+    latency, prompt = roster.latency, req.prompt_len
+    seconds = NewTokenFloors.of(req, prefill).vector(
+        len(workers), lambda tokens: prefill_time(latency, tokens, prompt - tokens))
+    bounds = index.free_at(ids, now) + seconds[ids]
+    return cheapest_of(((bound, wid, workers[wid]) for bound, wid in ascending(bounds, ids)), cost)
+
+
 def finish_floors(req: Request, prefill: list[WorkerState], now: float) -> Callable[[WorkerState], float]:
     """For each prefill worker, a floor on when it would finish ``req``'s prompt: when it is
     free, plus the prompt priced with the fewest new tokens its prefix cache could leave (the
     fleet's directory says; a prompt costs more the more of it is new). Priced once per count
     of new tokens and latency model, so that Path 1 prices only the workers that could win."""
-    floor = new_token_floors(req, prefill)
+    floors = NewTokenFloors.of(req, prefill)
     priced: dict[tuple[int, int], float] = {}
 
     def bound(worker: WorkerState) -> float:
-        key = (floor(worker), id(worker.latency))
+        key = (floors.at(worker), id(worker.latency))
         seconds = priced.get(key)
         if seconds is None:
             seconds = priced[key] = prefill_time(worker.latency, key[0], req.prompt_len - key[0])
@@ -519,24 +570,28 @@ def finish_floors(req: Request, prefill: list[WorkerState], now: float) -> Calla
     return bound
 
 
-def shortlist(req: Request, multiplex: list[WorkerState],
-              ranked: list[WorkerState] | None = None) -> list[WorkerState]:
+def shortlist(req: Request, roster: Roster, ranked: list[WorkerState] | None = None) -> list[WorkerState]:
     """The multiplexing workers Path 2 prices for ``req`` (see ``SHORTLIST``): the least
     loaded of those holding the deepest block of its prefix that any holds (where a follow-up
     turn finds its history; they would find about the same hit), and the least loaded, taken
     from ``ranked`` (``least_loaded(multiplex)``, which one decision may share among prompts)."""
+    multiplex = roster.multiplex
     if len(multiplex) <= SHORTLIST:
         return multiplex
     cache = multiplex[0].kv.cache
     holders = cache.directory.deepest_holders(req) if cache is not None and cache.directory else set()
-    near = (list(islice(least_loaded_first(w for w in multiplex if w.id in holders), SHORTLIST // 2))
-            if holders else [])
+    near = nearest(holders & roster.multiplex_ids, roster.fleet)
     taken = {w.id for w in near}
-    ranked = ranked if ranked is not None else least_loaded(multiplex)
+    ranked = ranked if ranked is not None else least_loaded(roster.fleet)
     return near + [w for w in ranked if w.id not in taken][:SHORTLIST - len(near)]
 
 
-def least_loaded(multiplex: list[WorkerState]) -> list[WorkerState]:
-    """The ``SHORTLIST`` least loaded workers, least first: with ``near`` (at most half of them)
-    set aside, those left are still the least loaded of the rest."""
-    return list(islice(least_loaded_first(multiplex), SHORTLIST))
+def nearest(holders: set[int], workers: Sequence[WorkerState]) -> list[WorkerState]:
+    """The least loaded of ``holders`` (live multiplexing workers), at most half a shortlist."""
+    return list(islice(least_loaded_first(workers[wid] for wid in holders), SHORTLIST // 2))
+
+
+def least_loaded(workers: Sequence[WorkerState]) -> list[WorkerState]:
+    """The ``SHORTLIST`` least loaded multiplexing workers, least first: with ``near`` (at most
+    half of them) set aside, those left are still the least loaded of the rest."""
+    return list(islice(by_load(workers, _MULTIPLEX), SHORTLIST))

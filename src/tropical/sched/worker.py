@@ -13,6 +13,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Protocol
 
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.iterations import prefill_time
@@ -26,6 +27,12 @@ from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.prefix_directory import PrefixDirectory
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.token_gaps import TokenGaps
+
+
+class Watcher(Protocol):
+    """What a worker tells of its changes to (a fleet's ``LoadIndex``): its id, marked."""
+
+    marked: set[int]
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +70,7 @@ class WorkerState:
     gaps: TokenGaps = field(default_factory=TokenGaps)
     catching_up: dict[int, Request] = field(default_factory=dict)
     lag: Lag | None = None
+    index: Watcher | None = None
     pace: float = 0.0
     _steps: int = 0
     _decode_context: int = 0
@@ -81,6 +89,17 @@ class WorkerState:
         not booked yet (its next one was due by now), else None."""
         lag = self.lag
         return lag if lag is not None and self._busy_until <= lag.now and self.running else None
+
+    def changed(self) -> None:
+        """Its load, role or liveness may have moved: the fleet's index re-files it before its
+        next walk (see ``LoadIndex``)."""
+        if self.index is not None:
+            self.index.marked.add(self.id)
+
+    def become(self, role: Role, rules: BatchRules) -> None:
+        """Take another role, with its batch rules."""
+        self.role, self.rules = role, rules
+        self.changed()
 
     def _current(self) -> None:
         """Book the decode iterations completed by now, if the substrate books them lazily."""
@@ -115,6 +134,7 @@ class WorkerState:
     @busy_until.setter
     def busy_until(self, until: float) -> None:
         self._busy_until = until
+        self.changed()
 
     @property
     def unfinished_tokens(self) -> int:
@@ -141,6 +161,19 @@ class WorkerState:
                 most = min(most, 2 + int((lag.now - self._busy_until) / self.pace))
             remaining -= len(self.running) * most
         return self.waiting_tokens + remaining + self._incoming_tokens
+
+    def booked_load(self) -> tuple[int, int, int]:
+        """The terms of ``load_floor`` that change only when this worker does: its load as
+        booked, its batch while a substrate books its runs lazily (else 0) and the iterations
+        to its next finish (what a ``LoadIndex`` keeps)."""
+        load = self.waiting_tokens + self._running_remaining + self._incoming_tokens
+        if not self._finishes:
+            return load, 0, 0
+        return load, len(self.running) if self.lag is not None else 0, self._finishes[0][0] - self._steps
+
+    def booked_busy_until(self) -> float:
+        """``busy_until`` as booked (a ``LoadIndex`` reads it without booking anything)."""
+        return self._busy_until
 
     @property
     def decode_context_floor(self) -> int:
@@ -174,6 +207,7 @@ class WorkerState:
     def start_prefills(self, spans: list[tuple[Request, int]]) -> None:
         """The head requests of the queue enter the iteration now starting, each with its new
         prompt tokens (``inflight``: a chunk leaves the rest of its prompt queued)."""
+        self.changed()
         self.batch_prefills = len(spans)
         self.inflight = {req.id: new for req, new in spans}
         self._queue_edits += 1
@@ -300,6 +334,7 @@ class WorkerState:
     def _rehit(self, req: Request, hit: int) -> None:
         """A queued prompt starts with ``hit`` cached tokens instead of those it found when it
         queued (blocks cached or evicted since): its queue sums follow."""
+        self.changed()
         if hit == req.cached:
             return
         self._add_queued_work(req, -1)
@@ -323,6 +358,7 @@ class WorkerState:
     def enqueue(self, req: Request) -> None:
         """Accept a request whose prompt this worker will prefill (at the back, or by laxity);
         its prefix cached here starts computed."""
+        self.changed()
         if self.kv.cache is not None and req.prefix:
             req.cached = req.computed = self.hit(req)
         slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
@@ -371,16 +407,19 @@ class WorkerState:
 
     def expect_landing(self, req: Request) -> None:
         """Count ``req`` among the requests whose KV is on its way here (its room held)."""
+        self.changed()
         self.incoming[req.id] = req
         self._incoming_tokens += req.output_len - req.generated
 
     def _landed(self, req: Request) -> None:
         """``req`` is no longer on its way here (it landed, or left)."""
+        self.changed()
         if self.incoming.pop(req.id, None) is not None:
             self._incoming_tokens -= req.output_len - req.generated
 
     def join(self, req: Request) -> None:
         """Start decoding ``req`` here (after its prefill, or when its migrated KV arrives)."""
+        self.changed()
         if req.id not in self.holds:
             raise RuntimeError(f"request {req.id} joins worker {self.id} without reserved KV")
         req.step_base = self.steps - req.generated
@@ -432,6 +471,7 @@ class WorkerState:
         A run of n > 1 also says how long its iterations took (``first``, growing by
         ``growth`` each), so that every request's gaps between tokens are booked exactly.
         """
+        self.changed()
         batch = len(self.running)
         assert n >= 1 and batch, "advancing an empty decode batch"
         assert n <= self._finishes[0][0] - self._steps, "a decode run must not skip past a finish"
@@ -462,6 +502,7 @@ class WorkerState:
         A finished prompt yields the first token now. On a decoding worker the request then
         decodes in place; on a prefill worker it waits for migration (the caller's job).
         """
+        self.changed()
         req.computed += new
         self._store(req, req.computed)
         in_flight = self.inflight.pop(req.id, None) is not None
@@ -492,6 +533,7 @@ class WorkerState:
     def abort(self, req: Request) -> None:
         """Drop ``req`` from this worker wherever it is (queued, decoding, or migrating in, landed
         or not), freeing its KV."""
+        self.changed()
         self._landed(req)
         if req in self.inbox:
             self.inbox.remove(req)

@@ -59,6 +59,7 @@ class SimResult:
 
     def as_dict(self) -> dict:
         """The CLI's JSON object."""
+        span = max(self.span, 1e-12)  # over every request: once, not once per worker
         return {
             "policy": self.experiment.policy,
             "trace": self.experiment.trace.name,
@@ -70,7 +71,7 @@ class SimResult:
             "prefix_cache": self.experiment.prefix_cache,
             "prefix_note": prefix_note(self.experiment),
             "workers": [
-                {"role": role.value, "busy_fraction": s.busy / max(self.span, 1e-12),
+                {"role": role.value, "busy_fraction": s.busy / span,
                  "iterations": s.iterations, "prefill_tokens": s.prefill_tokens,
                  "prefix_hit_rate": s.prefix_hit_rate}
                 for role, s in zip(self.roles, self.worker_stats, strict=True)

@@ -1,0 +1,164 @@
+"""The fleet's live workers in order of a lower bound on what a choice would cost there.
+
+A dispatch over a thousand workers cannot afford a pass of Python over every worker per
+decision. The index keeps, per worker, the terms its bounds are made of (its load as booked and,
+while a substrate books decode runs lazily, its batch, the iterations to its next finish and the
+least an iteration takes; when its iteration ends; its queued prefill work and prompt tokens; its
+decode contexts; its role) in arrays,
+so that the bounds of the whole fleet at a decision's clock are a few vector operations; the walk
+then reads the exact cost of only the workers it reaches (``dispatch.cheapest_of``). Terms change
+only when a worker does: a worker marks itself (``WorkerState.changed``) and the index copies the
+marked ones before its next walk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from tropical.sched.rules import Role
+from tropical.sched.worker import WorkerState
+
+Ranked = tuple[float | int, int]
+"""A live worker's bound and id (a load floor is a whole number of tokens, a time is not)."""
+ROLES = tuple(Role)
+FIRST = 32
+"""Workers a walk sorts at first, with any that tie the last of them: most walks stop within
+them (the rest are sorted if not; ids ascend, so a stable sort breaks ties by id)."""
+
+
+def _column(size: int, kind: type = np.int64) -> np.ndarray:
+    return np.zeros(size, kind)
+
+
+@dataclass(slots=True, eq=False)
+class LoadIndex:
+    """The fleet (``workers``, by id), the workers marked since the last walk, and per worker
+    its load as booked, its lazily booked batch (0: none), the iterations to its next finish,
+    when its iteration ends, the least an iteration takes, its queued prefill work, the prompt
+    tokens queued there, its decode contexts as booked, its KV block size, its role (an index
+    into ``ROLES``) and whether it is live; and the live workers of each set of roles walked
+    (``members``)."""
+
+    workers: Sequence[WorkerState]
+    booked: np.ndarray
+    batch: np.ndarray
+    to_finish: np.ndarray
+    busy_until: np.ndarray
+    pace: np.ndarray
+    queued_work: np.ndarray
+    waiting_prompt: np.ndarray
+    decode_context: np.ndarray
+    block_size: np.ndarray
+    role: np.ndarray
+    live: np.ndarray
+    marked: set[int] = field(default_factory=set)
+    members: dict[tuple[Role, ...], np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def over(cls, workers: Sequence[WorkerState]) -> LoadIndex:
+        """An index of ``workers`` (the fleet, by id), each of which reports its changes to it."""
+        n = len(workers)
+        index = cls(workers, _column(n), _column(n), _column(n), _column(n, float), _column(n, float),
+                    _column(n, float), _column(n), _column(n), _column(n), _column(n, np.int8),
+                    _column(n, bool))
+        for worker in workers:
+            index.watch(worker)
+        return index
+
+    def watch(self, worker: WorkerState) -> None:
+        """File ``worker`` (new, or a fresh state in its slot of the fleet) at the next walk."""
+        worker.index = self
+        self.marked.add(worker.id)
+
+    def of(self, workers: Sequence[WorkerState]) -> bool:
+        """Does this index order ``workers`` (the fleet itself, not a part of it)?"""
+        return workers is self.workers
+
+    def ordered(self, roles: Sequence[Role], extra: np.ndarray | None = None) -> Iterator[Ranked]:
+        """The live workers of ``roles`` as (load floor, id), least first (lowest id breaks
+        ties), the floors taken at the substrate's clock now; with ``extra`` (one term per
+        worker id), as (load floor + its term, id)."""
+        ids = self.live_ids(roles)
+        floors = self.load_floors(ids)
+        return ascending(floors if extra is None else floors + extra[ids], ids)
+
+    def live_ids(self, roles: Sequence[Role]) -> np.ndarray:
+        """The ids of the live workers of ``roles``, ascending (brought up to date first)."""
+        self._refile()
+        key = tuple(roles)
+        ids = self.members.get(key)
+        if ids is None:
+            mask = self.live & np.logical_or.reduce([self.role == ROLES.index(r) for r in key])
+            ids = self.members[key] = np.flatnonzero(mask)
+        return ids
+
+    def load_floors(self, ids: np.ndarray) -> np.ndarray:
+        """``WorkerState.load_floor`` of each worker of ``ids`` (its terms, in vector form)."""
+        booked = self.booked[ids]
+        lag = self.workers[0].lag
+        if lag is None:
+            return booked
+        batch, most, busy, pace = self.batch[ids], self.to_finish[ids], self.busy_until[ids], self.pace[ids]
+        paced = pace > 0
+        elapsed = np.zeros(len(ids), np.int64)
+        elapsed[paced] = 2 + ((lag.now - busy[paced]) / pace[paced]).astype(np.int64)
+        most = np.where(paced, np.minimum(most, elapsed), most)
+        return booked - np.where((busy <= lag.now) & (batch > 0), batch * most, 0)
+
+    def free_at(self, ids: np.ndarray, now: float) -> np.ndarray:
+        """``prediction.free_at`` of each worker of ``ids`` at ``now``."""
+        return np.maximum(now, self.busy_until[ids]) + self.queued_work[ids]
+
+    def _refile(self) -> None:
+        for worker_id in self.marked:
+            worker = self.workers[worker_id]
+            booked, batch, to_finish = worker.booked_load()
+            self.booked[worker_id], self.batch[worker_id] = booked, batch
+            self.to_finish[worker_id], self.pace[worker_id] = to_finish, worker.pace
+            self.busy_until[worker_id] = worker.booked_busy_until()
+            self.queued_work[worker_id] = worker.queued_work
+            self.waiting_prompt[worker_id] = worker.waiting_prompt
+            self.decode_context[worker_id] = worker.decode_context_floor
+            self.block_size[worker_id] = worker.kv.block_size
+            role = ROLES.index(worker.role)
+            if role != self.role[worker_id] or worker.alive != self.live[worker_id]:
+                self.role[worker_id], self.live[worker_id] = role, worker.alive
+                self.members.clear()
+        self.marked.clear()
+
+
+def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:
+    """``KVPool.blocks_for`` in vector form."""
+    return -(-tokens // block_size)
+
+
+def ascending(values: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
+    """(value, id) of each of ``ids`` (ascending), least value first, lowest id breaking ties;
+    sorted lazily: the first ``FIRST`` (and their ties), then the rest if a walk reaches them."""
+    if len(ids) <= FIRST:
+        return _pairs(values, ids, np.argsort(values, kind="stable"))
+    first = np.flatnonzero(values <= np.partition(values, FIRST - 1)[FIRST - 1])
+    first = first[np.argsort(values[first], kind="stable")]
+    return chain(_pairs(values, ids, first), _rest(values, ids, first))
+
+
+def _pairs(values: np.ndarray, ids: np.ndarray, order: np.ndarray) -> Iterator[Ranked]:
+    return zip(values[order].tolist(), ids[order].tolist(), strict=True)
+
+
+def _rest(values: np.ndarray, ids: np.ndarray, first: np.ndarray) -> Iterator[Ranked]:
+    """The workers past the first sorted ones, in order (sorted only when a walk reaches them)."""
+    rest = np.ones(len(ids), bool)
+    rest[first] = False
+    left = np.flatnonzero(rest)
+    yield from _pairs(values[left], ids[left], np.argsort(values[left], kind="stable"))
+
+
+def fleet_index(workers: Sequence[WorkerState]) -> LoadIndex | None:
+    """The index that orders ``workers``, if they are an indexed fleet."""
+    index = workers[0].index if workers else None
+    return index if isinstance(index, LoadIndex) and index.of(workers) else None

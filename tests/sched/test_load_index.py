@@ -1,0 +1,168 @@
+"""The fleet's load index (sched.load_index) stays exact through everything that moves a load:
+prompts queued, prefilled and aborted, decodes run (booked at once or lazily), KV landing, deaths,
+revivals and role changes. After every step, each walk by load from the index gives exactly the
+order a look at every worker would."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.factories import linear_model, make_request, migrate_in, start_decoding
+from tests.sched.test_prefix_cache import BLOCK, keys, prefixed
+from tests.sched.test_scale_indexes import LABELS
+from tropical.sched.baselines import DisaggPolicy
+from tropical.sched.cluster import Cluster
+from tropical.sched.dispatch import ARRIVAL_ROLES, DECODING_ROLES, by_load, least_work
+from tropical.sched.fleet import worker_states
+from tropical.sched.lag import Lag
+from tropical.sched.load_index import LoadIndex, fleet_index
+from tropical.sched.prediction import free_at
+from tropical.sched.rules import BatchRules, Role
+from tropical.sched.tropical import Roster, TropicalPolicy, earliest_finish
+from tropical.sched.worker import WorkerState
+
+WALKS = (tuple(Role), ARRIVAL_ROLES, DECODING_ROLES, (Role.PREFILL,), (Role.MULTIPLEX,))
+
+
+class LazyBooks:
+    """A substrate that books decode runs lazily: each worker has run ``pending`` iterations not
+    booked yet (never past its next finish), which grow with time without telling anyone."""
+
+    def __init__(self, workers: list[WorkerState]) -> None:
+        self.workers = workers
+        self.pending: dict[int, int] = {}
+        self.lag = Lag(self.catch_up, lambda wid: self.pending.get(wid, 0), now=1.0)
+
+    def catch_up(self, worker_id: int) -> None:
+        steps = self.pending.pop(worker_id, 0)
+        if steps:
+            self.workers[worker_id].advance_decodes(steps, self.lag.now)
+
+    def run_on(self, worker: WorkerState, rng: random.Random) -> None:
+        if not worker.running:
+            return
+        room = worker._finishes[0][0] - worker._steps - self.pending.get(worker.id, 0)
+        if room > 0:
+            self.pending[worker.id] = self.pending.get(worker.id, 0) + rng.randint(1, room)
+
+
+def exact_order(workers: list[WorkerState], roles: tuple[Role, ...]) -> list[int]:
+    live = [w for w in workers if w.alive and w.role in roles]
+    return [w.id for w in sorted(live, key=lambda w: (w.unfinished_tokens, w.id))]
+
+
+def step(cluster: Cluster, books: LazyBooks | None, rng: random.Random, rid: int) -> None:
+    """One random change to one worker, as the substrates and policies make them."""
+    workers = cluster.workers
+    worker = rng.choice(workers)
+    op = rng.randrange(8)
+    if op == 0:
+        worker.enqueue(make_request(rid, prompt=rng.randrange(1, 900), output=rng.randrange(1, 60)))
+    elif op == 1 and worker.role.decodes and worker.alive:
+        req = make_request(rid, prompt=rng.randrange(1, 300), output=rng.randrange(2, 60))
+        if books is not None:
+            books.catch_up(worker.id)
+        if rng.random() < 0.5:
+            start_decoding(worker, req)
+        else:
+            migrate_in(worker, req)
+    elif op == 2 and worker.running:
+        if books is not None:
+            books.run_on(worker, rng)
+        else:
+            worker.advance_decodes(rng.randint(1, worker.steps_to_next_finish()), 1.0)
+    elif op == 3:
+        held = list(worker.waiting) + list(worker.running.values())
+        if held:
+            if books is not None:
+                books.catch_up(worker.id)
+            worker.abort(rng.choice(held))
+    elif op == 4 and worker.alive and rng.random() < 0.3:
+        cluster.worker_died(worker.id, 1.0)
+    elif op == 5 and not worker.alive:
+        cluster.worker_revived(worker.id, 1.0)
+        if books is not None:
+            books.pending.pop(worker.id, None)
+    elif op == 6 and not worker.running and not worker.waiting:
+        role = rng.choice([Role.PREFILL, Role.MULTIPLEX])
+        worker.become(role, BatchRules())
+    elif op == 7 and worker.waiting and worker.reserve(worker.waiting[0]):
+        head = worker.waiting[0]
+        worker.complete_prefill(head, rng.randint(1, head.remaining_prompt), now=1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([2, 5, 10, 40, 80]), st.booleans())
+def test_every_walk_from_the_index_is_the_exact_order_of_a_full_look(seed, n, lazy):
+    rng = random.Random(seed)
+    roles = [Role.PREFILL, Role.MULTIPLEX] * (n // 2) + [Role.MULTIPLEX] * (n % 2)
+    workers = worker_states(DisaggPolicy(512), roles, [(512, 16)] * n, [linear_model()] * n)
+    cluster = Cluster(workers, DisaggPolicy(512), index_from=0)
+    books = LazyBooks(cluster.workers) if lazy else None
+    if books is not None:
+        for w in cluster.workers:
+            w.lag = books.lag
+    index = cluster.index
+    assert index is not None and fleet_index(cluster.workers) is index
+    for rid in range(60):
+        step(cluster, books, rng, rid)
+        for w in cluster.workers:
+            w.lag = None if books is None else books.lag
+        for walk in WALKS:
+            assert [w.id for w in by_load(cluster.workers, walk)] == exact_order(cluster.workers, walk)
+            if books is None:  # a worker booked at once is filed at its exact load
+                assert [wid for _, wid in index.ordered(walk)] == exact_order(cluster.workers, walk)
+        req = make_request(10_000 + rid, prompt=rng.randrange(1, 900))
+        full = [w for w in cluster.workers if w.alive]
+        expected = min(full, key=lambda w: (w.unfinished_tokens + w.prompt_split(req)[0], w.id), default=None)
+        assert least_work(req, cluster.workers, tuple(Role)) is expected
+
+
+def test_a_part_of_the_fleet_is_walked_without_the_index():
+    workers = worker_states(DisaggPolicy(512), [Role.PREFILL, Role.DECODE], [(64, 16)] * 2,
+                            [linear_model()] * 2)
+    index = LoadIndex.over(workers)
+    assert fleet_index(workers) is index
+    assert fleet_index(workers[1:]) is None
+    assert fleet_index([]) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([1, 5, 10, 40]))
+def test_path1_priced_from_the_index_chooses_what_a_full_look_would(seed, n):
+    rng = random.Random(seed)
+    policy = TropicalPolicy(512)
+    workers = worker_states(policy, [Role.PREFILL] * n, [(512, 16)] * n, [linear_model()] * n,
+                            prefix_cache=True)
+    cluster = Cluster(workers, policy, index_from=0)
+    for w in cluster.workers:  # most hold a first block, as every conversation's is shared
+        if rng.random() < 0.7:
+            history = prefixed(-1 - w.id, keys(rng.choice(LABELS), BLOCK * rng.randint(1, 3)), 3 * BLOCK)
+            w.enqueue(history)
+            w.reserve(history)
+            w.complete_prefill(history, history.remaining_prompt, now=0.0)
+    now = 0.0
+    for rid in range(40):
+        worker = rng.choice(cluster.workers)
+        if rng.random() < 0.4:
+            worker.busy_until = now + rng.choice([0.0, rng.uniform(0, 2)])
+        elif rng.random() < 0.5:
+            worker.enqueue(prefixed(rid, keys(rng.choice(LABELS), 2 * BLOCK), 2 * BLOCK))
+        elif worker.waiting and worker.reserve(worker.waiting[0]):
+            worker.complete_prefill(worker.waiting[0], worker.waiting[0].remaining_prompt, now=now)
+        elif rng.random() < 0.2:
+            cluster.worker_died(worker.id, now) if worker.alive else cluster.worker_revived(worker.id, now)
+        now += rng.choice([0.0, rng.uniform(0, 1)])
+        req = prefixed(10_000 + rid, keys(rng.choice(LABELS), 3 * BLOCK), 3 * BLOCK)
+        live = [w for w in cluster.workers if w.alive]
+        index = cluster.index
+        assert index is not None
+        ids = index.live_ids((Role.PREFILL,))
+        assert list(zip(index.free_at(ids, now).tolist(), ids.tolist(), strict=True)) == [
+            (free_at(w, now), w.id) for w in live]
+        full = min(((free_at(w, now) + w.prefill_estimate(req), w.id) for w in live), default=None)
+        best = earliest_finish(req, Roster.of(cluster.workers), now)
+        assert (None if best is None else (best[1], best[0].id)) == full

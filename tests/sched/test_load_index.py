@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tests.factories import linear_model, make_request, migrate_in, start_decoding
 from tests.sched.test_prefix_cache import BLOCK, keys, prefixed
 from tests.sched.test_scale_indexes import LABELS
+from tropical.sched.admission import admission_error
 from tropical.sched.baselines import DisaggPolicy
 from tropical.sched.cluster import Cluster
 from tropical.sched.dispatch import ARRIVAL_ROLES, DECODING_ROLES, by_load, least_work
@@ -166,3 +167,19 @@ def test_path1_priced_from_the_index_chooses_what_a_full_look_would(seed, n):
         full = min(((free_at(w, now) + w.prefill_estimate(req), w.id) for w in live), default=None)
         best = earliest_finish(req, Roster.of(cluster.workers), now)
         assert (None if best is None else (best[1], best[0].id)) == full
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([2, 10, 80]))
+def test_admission_asked_of_the_index_answers_as_a_look_at_every_worker(seed, n):
+    rng = random.Random(seed)
+    roles = [rng.choice([Role.PREFILL, Role.DECODE, Role.MULTIPLEX]) for _ in range(n)]
+    pools = [(rng.choice([8, 64, 512]), 16) for _ in range(n)]
+    workers = worker_states(DisaggPolicy(512), roles, pools, [linear_model()] * n)
+    cluster = Cluster(workers, DisaggPolicy(512), index_from=0)
+    for w in cluster.workers:
+        if rng.random() < 0.6:
+            cluster.worker_died(w.id, 0.0)
+    for _ in range(20):
+        req = make_request(prompt=rng.randrange(1, 9_000), output=rng.randrange(1, 2_000))
+        assert admission_error(req, cluster.workers) == admission_error(req, list(cluster.workers))

@@ -36,6 +36,16 @@ def by_load(workers: Sequence[WorkerState], roles: Sequence[Role]) -> Iterator[W
     return _exact(index.ordered(roles), workers)
 
 
+def any_live(workers: Sequence[WorkerState], roles: Sequence[Role],
+             test: Callable[[WorkerState], bool] | None = None) -> bool:
+    """Is some live worker of ``roles`` there (that passes ``test``)? Asked of the fleet's index
+    if ``workers`` is an indexed fleet, stopping at the first that passes."""
+    index = fleet_index(workers)
+    members: Iterable[WorkerState] = ((w for w in workers if w.alive and w.role in roles) if index is None
+                                      else (workers[int(wid)] for wid in index.live_ids(roles)))
+    return any(test is None or test(w) for w in members)
+
+
 def _exact(filed: Iterator[Ranked], workers: Sequence[WorkerState]) -> Iterator[WorkerState]:
     """Workers in order of exact load, from ``filed`` in order of keys that never exceed it: a
     worker goes out once no key still to come could be below its load."""

@@ -39,11 +39,23 @@ def by_load(workers: Sequence[WorkerState], roles: Sequence[Role]) -> Iterator[W
 def any_live(workers: Sequence[WorkerState], roles: Sequence[Role],
              test: Callable[[WorkerState], bool] | None = None) -> bool:
     """Is some live worker of ``roles`` there (that passes ``test``)? Asked of the fleet's index
-    if ``workers`` is an indexed fleet, stopping at the first that passes."""
+    if ``workers`` is an indexed fleet, stopping at the first that passes (compiled, ``any``
+    of a generator expression is a loop; a generator expression kept in a variable is a list,
+    built whole)."""
     index = fleet_index(workers)
-    members: Iterable[WorkerState] = ((w for w in workers if w.alive and w.role in roles) if index is None
-                                      else (workers[int(wid)] for wid in index.live_ids(roles)))
-    return any(test is None or test(w) for w in members)
+    if index is None:
+        for worker in workers:
+            if worker.alive and worker.role in roles and (test is None or test(worker)):
+                return True
+        return False
+    return any(test is None or test(workers[int(wid)]) for wid in index.live_ids(roles))
+
+
+def with_workers(ranked: Iterable[Ranked], workers: Sequence[WorkerState]) -> Iterator[Bounded]:
+    """(bound, id, worker) for each (bound, id) of ``ranked``, lazily (a generator function: a
+    generator expression, compiled, would be built whole)."""
+    for bound, wid in ranked:
+        yield bound, wid, workers[wid]
 
 
 def _exact(filed: Iterator[Ranked], workers: Sequence[WorkerState]) -> Iterator[WorkerState]:
@@ -95,8 +107,7 @@ def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Rol
         bounds: Iterable[Bounded] = _sorted((w.load_floor + floors.at(w), w.id, w)
                                             for w in workers if w.alive and w.role in roles)
     else:
-        bounds = ((bound, wid, workers[wid])
-                  for bound, wid in index.ordered(roles, floors.vector(len(workers))))
+        bounds = with_workers(index.ordered(roles, floors.vector(len(workers))), workers)
     best = cheapest_of(bounds, lambda w: w.unfinished_tokens + w.prompt_split(req)[0])
     return None if best is None else best[0]
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import ColocatedPolicy, split_roles
-from tropical.sched.dispatch import ARRIVAL_ROLES, NewTokenFloors, cheapest_of, least_loaded_of
+from tropical.sched.dispatch import ARRIVAL_ROLES, NewTokenFloors, cheapest_of, least_loaded_of, with_workers
 from tropical.sched.load_index import ascending, blocks, fleet_index
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
@@ -56,8 +56,7 @@ def lowest_cost(req: Request, workers: Sequence[WorkerState], roles: Sequence[Ro
     waiting, size = index.waiting_prompt[ids], index.block_size[ids]
     bounds = (weight * blocks(floors.vector(len(workers))[ids] + waiting, size)
               + blocks(index.decode_context[ids] + waiting, size))
-    best = cheapest_of(((bound, wid, workers[wid]) for bound, wid in ascending(bounds, ids)),
-                       lambda w: kv_cost(req, w, weight))
+    best = cheapest_of(with_workers(ascending(bounds, ids), workers), lambda w: kv_cost(req, w, weight))
     return None if best is None else best[0]
 
 

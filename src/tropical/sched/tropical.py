@@ -34,6 +34,7 @@ from tropical.sched.dispatch import (
     least_loaded_first,
     least_loaded_of,
     least_work,
+    with_workers,
 )
 from tropical.sched.load_index import ascending, fleet_index
 from tropical.sched.next_iteration import NextIteration
@@ -550,7 +551,7 @@ def earliest_finish(req: Request, roster: Roster, now: float) -> tuple[WorkerSta
     seconds = NewTokenFloors.of(req, prefill).vector(
         len(workers), lambda tokens: prefill_time(latency, tokens, prompt - tokens))
     bounds = index.free_at(ids, now) + seconds[ids]
-    return cheapest_of(((bound, wid, workers[wid]) for bound, wid in ascending(bounds, ids)), cost)
+    return cheapest_of(with_workers(ascending(bounds, ids), workers), cost)
 
 
 def finish_floors(req: Request, prefill: list[WorkerState], now: float) -> Callable[[WorkerState], float]:

@@ -3,9 +3,10 @@
 Each choice walks the live workers from the least loaded up (or the lowest bound on their cost)
 and stops as soon as no worker further on could win, so that a dispatch over a thousand workers
 prices the few at the front. Over the fleet a cluster runs, the walk reads the fleet's
-``LoadIndex`` (keys kept across decisions: a walk costs the workers it reaches); over any other
-set of workers it builds a heap from lower bounds of each worker's load (``load_floor``: one
-pass of cheap reads). Both read no decode progress the simulator has not booked yet
+``LoadIndex`` (each worker's terms kept across decisions: the fleet's bounds are a few vector
+operations, and the walk reads exact costs only of the workers it reaches); over any other set
+of workers it builds a heap from lower bounds of each worker's load (``load_floor``: one pass of
+cheap reads). Both read no decode progress the simulator has not booked yet
 (``sched.lag``): only the workers the walk reaches are brought up to date.
 """
 

@@ -27,9 +27,10 @@ from tropical.sched.policy import Assignment, Policy, apply
 from tropical.sched.rejection import Refusal, arrival_refusal
 from tropical.sched.worker import WorkerState, worker_state
 
-INDEXED_FROM = 64
-"""Fleets at least this large keep a ``LoadIndex`` (smaller ones: a pass over every worker per
-decision costs less than keeping one)."""
+INDEXED_FROM = 512
+"""Fleets at least this large keep a ``LoadIndex``. Smaller ones pass over every worker per
+decision: measured side by side (benchmarks/scale.py), the index's vector calls cost more than
+that pass at 64 and 256 workers and less at 1,024."""
 
 
 @dataclass(frozen=True, slots=True)

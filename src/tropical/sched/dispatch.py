@@ -104,12 +104,14 @@ def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Rol
     ties; without a cache, the same choice as ``fewest_unfinished``)."""
     floors = NewTokenFloors.of(req, workers)
     index = fleet_index(workers)
+
+    def cost(worker: WorkerState) -> float:
+        return worker.unfinished_tokens + worker.prompt_split(req)[0]
+
     if index is None:
-        bounds: Iterable[Bounded] = _sorted((w.load_floor + floors.at(w), w.id, w)
-                                            for w in workers if w.alive and w.role in roles)
+        best = cheapest((w for w in workers if w.role in roles), lambda w: w.load_floor + floors.at(w), cost)
     else:
-        bounds = with_workers(index.ordered(roles, floors.vector(len(workers))), workers)
-    best = cheapest_of(bounds, lambda w: w.unfinished_tokens + w.prompt_split(req)[0])
+        best = cheapest_of(with_workers(index.ordered(roles, floors.vector(len(workers))), workers), cost)
     return None if best is None else best[0]
 
 

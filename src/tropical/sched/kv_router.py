@@ -16,7 +16,14 @@ from collections.abc import Sequence
 
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import ColocatedPolicy, split_roles
-from tropical.sched.dispatch import ARRIVAL_ROLES, NewTokenFloors, cheapest_of, least_loaded_of, with_workers
+from tropical.sched.dispatch import (
+    ARRIVAL_ROLES,
+    NewTokenFloors,
+    cheapest,
+    cheapest_of,
+    least_loaded_of,
+    with_workers,
+)
 from tropical.sched.load_index import ascending, blocks, fleet_index
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.rules import BatchRules, Role
@@ -48,9 +55,8 @@ def lowest_cost(req: Request, workers: Sequence[WorkerState], roles: Sequence[Ro
     floors = NewTokenFloors.of(req, workers)
     index = fleet_index(workers)
     if index is None:
-        live = (w for w in workers if w.alive and w.role in roles)
-        best = cheapest_of(sorted((kv_bound(w, floors.at(w), weight), w.id, w) for w in live),
-                           lambda w: kv_cost(req, w, weight))
+        best = cheapest((w for w in workers if w.role in roles), lambda w: kv_bound(w, floors.at(w), weight),
+                        lambda w: kv_cost(req, w, weight))
         return None if best is None else best[0]
     ids = index.live_ids(roles)
     waiting, size = index.waiting_prompt[ids], index.block_size[ids]

@@ -215,10 +215,10 @@ class TropicalPolicy(Policy):
         return assignments
 
     def _place(self, req: Request, now: float, workers: Sequence[WorkerState]) -> list[Assignment]:
-        prefill, multiplex = self._split(workers)
+        _, multiplex = self._split(workers)
         self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}
         self._forget_chunks()
-        best, finish = self._path1(req, workers, prefill, now)
+        best, finish = self._path1(req, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
@@ -253,7 +253,7 @@ class TropicalPolicy(Policy):
         self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
         doomed_too = not self.toggle.chunked and not self.toggle.demote_doomed
-        moves = self._multiplex_at_risk(at_risk.shortest_first(doomed_too), workers, multiplex, now)
+        moves = self._multiplex_at_risk(at_risk.shortest_first(doomed_too), multiplex, now)
         if self.toggle.flex:
             self._roles.update(workers, now, len(moves) < at_risk.count,
                                {Role.PREFILL: self._prefill, Role.MULTIPLEX: self._multiplex})
@@ -263,13 +263,13 @@ class TropicalPolicy(Policy):
         return self._noted(moves + [self._demoted(req, source) for req, source, _ in at_risk.doomed()
                                     if not req.yielded])
 
-    def _multiplex_at_risk(self, at_risk: Iterable[_AtRisk], workers: Sequence[WorkerState],
+    def _multiplex_at_risk(self, at_risk: Iterable[_AtRisk],
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
         ranked: list[WorkerState] | None = None  # loads stand through the round: rank them once
         for req, source, finish in at_risk:
-            ranked = ranked if ranked is not None else least_loaded(workers)
+            ranked = ranked if ranked is not None else least_loaded(self._kept.fleet)
             options = [(done, w.id, w) for w in shortlist(req, self._kept, ranked)
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
@@ -328,15 +328,15 @@ class TropicalPolicy(Policy):
             return None
         return worker.steps + int(nxt.busy) + max(wait, 1)
 
-    def _path1(self, req: Request, workers: Sequence[WorkerState], prefill: list[WorkerState],
-               now: float) -> tuple[WorkerState | None, float]:
+    def _path1(self, req: Request, now: float) -> tuple[WorkerState | None, float]:
         """The prefill worker with the earliest predicted finish for ``req`` (or, given the
         baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
         if not self.toggle.least_loaded:
             best = earliest_finish(req, self._kept, now)
             return (None, math.inf) if best is None else best
-        chosen = (least_work(req, workers, _PREFILL) if self.toggle.cache_aware
-                  else least_loaded_of(workers, _PREFILL))
+        fleet = self._kept.fleet
+        chosen = (least_work(req, fleet, _PREFILL) if self.toggle.cache_aware
+                  else least_loaded_of(fleet, _PREFILL))
         if chosen is None:
             return None, math.inf
         return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)

@@ -124,15 +124,18 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
 
 def test_sigterm_answers_503_meanwhile_and_ends_streams_past_the_drain_timeout_with_an_error(
         tmp_path: Path) -> None:
-    with live_server(tmp_path, "--policy", "colocated", "--drain-timeout", "1") as server, httpx.stream(
-            "POST", f"{server.url}/v1/completions", json={**BODY, "max_tokens": 1000, "stream": True},
-            timeout=60) as reply:
-        lines = reply.iter_lines()
-        assert next(line for line in lines if line.startswith("data: "))
-        os.kill(server.pid, signal.SIGTERM)
-        assert eventually(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503, 5)
-        late = httpx.post(f"{server.url}/v1/completions", json={**BODY, "max_tokens": 5}, timeout=10)
-        assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
-        rest = [line for line in lines if line]
-        assert "drain timeout" in rest[-2] and '"error"' in rest[-2] and rest[-1] == "data: [DONE]"
-        assert stop(server) in (0, -signal.SIGTERM)
+    # Mock workers sleep a real cluster's iteration times, so the 1,000-token stream outlasts the
+    # 1 s drain on any machine (the tiny model can finish it inside the drain on a fast one).
+    with live_server(tmp_path, "--engine", "mock", "--policy", "colocated", "--drain-timeout", "1") as server:
+        body = {**BODY, "model": httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]}
+        with httpx.stream("POST", f"{server.url}/v1/completions",
+                          json={**body, "max_tokens": 1000, "stream": True}, timeout=60) as reply:
+            lines = reply.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            os.kill(server.pid, signal.SIGTERM)
+            assert eventually(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503, 5)
+            late = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 5}, timeout=10)
+            assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+            rest = [line for line in lines if line]
+            assert "drain timeout" in rest[-2] and '"error"' in rest[-2] and rest[-1] == "data: [DONE]"
+            assert stop(server) in (0, -signal.SIGTERM)

@@ -22,7 +22,7 @@ from tropical.sched.load_index import LoadIndex
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
-from tropical.sched.tropical import SHORTLIST, Roster, shortlist
+from tropical.sched.tropical import SHORTLIST, Roster, Shortlists
 from tropical.sched.worker import WorkerState
 
 LABELS = ["a", "ab", "abc", "b", "bc", "c"]
@@ -160,7 +160,7 @@ def test_the_toggle_splits_roles_anew_after_a_death_and_a_revival():
 def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_prefix_holders():
     small = fleet(SHORTLIST)
     req = prefixed(1, keys("abc", 3 * BLOCK), 3 * BLOCK)
-    assert shortlist(req, Roster.of(small)) == small
+    assert Shortlists(Roster.of(small)).of(req) == small
     workers = fleet(4 * SHORTLIST)
     rng = random.Random(3)
     for w in workers[1:]:
@@ -170,13 +170,13 @@ def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_
     holder.enqueue(history)
     assert holder.reserve(history)
     holder.complete_prefill(history, history.remaining_prompt, now=0.0)
-    picked = shortlist(req, Roster.of(workers))
+    picked = Shortlists(Roster.of(workers)).of(req)
     assert len(picked) == SHORTLIST and len({w.id for w in picked}) == SHORTLIST
     assert workers[0] in picked and holder in picked
     least = sorted(workers, key=lambda w: (w.unfinished_tokens, w.id))[:SHORTLIST // 2]
     assert all(w in picked for w in least)
     LoadIndex.over(workers)
-    assert shortlist(req, Roster.of(workers)) == picked
+    assert Shortlists(Roster.of(workers)).of(req) == picked
 
 
 def test_a_request_without_prefix_blocks_has_no_holders():

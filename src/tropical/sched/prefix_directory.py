@@ -70,7 +70,8 @@ class PrefixDirectory:
 
     def deepest_holders(self, req: Request) -> set[int]:
         """The workers holding the deepest block of ``req``'s prefix that any worker holds along
-        a run from its first block (empty if none holds its first)."""
+        a run from its first block (empty if none holds its first): the directory's own set,
+        which the caller must not edit."""
         deepest: set[int] = set()
         prefix: tuple[Hashable, ...] = req.prefix
         for key in prefix:

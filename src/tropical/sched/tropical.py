@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 
 from tropical.core.latency.iterations import prefill_time
@@ -38,6 +38,7 @@ from tropical.sched.dispatch import (
 )
 from tropical.sched.load_index import ascending, fleet_index
 from tropical.sched.next_iteration import NextIteration
+from tropical.sched.path2_prices import Path2Prices
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
@@ -161,6 +162,7 @@ class TropicalPolicy(Policy):
         self._queued_on: set[int] = set()
         self._roles = RoleSwitch()
         self._roster: Roster | None = None
+        self._prices = Path2Prices()
 
     @property
     def _path2_slack(self) -> SlackRule:
@@ -223,7 +225,7 @@ class TropicalPolicy(Policy):
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
                                first_token=finish)]
-        options = [(done, w.id, w) for w in shortlist(req, self._kept)
+        options = [(done, w.id, w) for w in Shortlists(self._kept).of(req)
                    if (done := self._multiplex_finish(req, w, None, now)) is not None
                    and self._worth(req, done, finish)]
         if options:
@@ -267,10 +269,9 @@ class TropicalPolicy(Policy):
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
-        ranked: list[WorkerState] | None = None  # loads stand through the round: rank them once
+        shortlists = Shortlists(self._kept)
         for req, source, finish in at_risk:
-            ranked = ranked if ranked is not None else least_loaded(self._kept.fleet)
-            options = [(done, w.id, w) for w in shortlist(req, self._kept, ranked)
+            options = [(done, w.id, w) for w in shortlists.of(req)
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
                 self._plan_checks(req, multiplex, plans, now, finish)
@@ -386,10 +387,18 @@ class TropicalPolicy(Policy):
         ``plan`` sums the prompts queued there and those promised in this scheduling round
         (None: just the queue). The paper's toggle runs the whole prompt in the next
         iteration; chunked multiplexing runs it, after the prompts ahead of it, in the largest
-        chunk each iteration's slack admits.
+        chunk each iteration's slack admits. A price against the worker's queue alone is kept
+        between decisions while it holds (``Path2Prices``), unless the worker's predictions
+        learn online.
         """
         if worker.id in self._roles.returning:
             return None
+        if plan is not None or worker.learns:
+            return self._priced(req, worker, plan, now)
+        return self._prices.price(req, worker, now, lambda: self._priced(req, worker, None, now))
+
+    def _priced(self, req: Request, worker: WorkerState, plan: Pending | None, now: float) -> float | None:
+        """``_multiplex_finish`` computed."""
         nxt = self._next_of(worker, now)
         prefills = (plan or self._queued_of(worker, now)).plus(req, worker)
         if not self._room_for(worker, prefills):
@@ -571,20 +580,41 @@ def finish_floors(req: Request, prefill: list[WorkerState], now: float) -> Calla
     return bound
 
 
-def shortlist(req: Request, roster: Roster, ranked: list[WorkerState] | None = None) -> list[WorkerState]:
-    """The multiplexing workers Path 2 prices for ``req`` (see ``SHORTLIST``): the least
-    loaded of those holding the deepest block of its prefix that any holds (where a follow-up
-    turn finds its history; they would find about the same hit), and the least loaded, taken
-    from ``ranked`` (``least_loaded(multiplex)``, which one decision may share among prompts)."""
-    multiplex = roster.multiplex
-    if len(multiplex) <= SHORTLIST:
-        return multiplex
-    cache = multiplex[0].kv.cache
-    holders = cache.directory.deepest_holders(req) if cache is not None and cache.directory else set()
-    near = nearest(holders & roster.multiplex_ids, roster.fleet)
-    taken = {w.id for w in near}
-    ranked = ranked if ranked is not None else least_loaded(roster.fleet)
-    return near + [w for w in ranked if w.id not in taken][:SHORTLIST - len(near)]
+@dataclass(slots=True)
+class Shortlists:
+    """The multiplexing workers Path 2 prices for each prompt of one decision (see
+    ``SHORTLIST``): the least loaded of those holding the deepest block of its prefix that any
+    holds (where a follow-up turn finds its history; they would find about the same hit), and
+    the least loaded. Loads stand through a decision, so both are ranked once per decision: the
+    least loaded once, the holders once per block (a burst of new conversations shares one)."""
+
+    roster: Roster
+    _ranked: list[WorkerState] | None = None
+    _near: dict[int, tuple[set[int], list[WorkerState]]] = field(default_factory=dict)
+
+    def of(self, req: Request) -> list[WorkerState]:
+        multiplex = self.roster.multiplex
+        if len(multiplex) <= SHORTLIST:
+            return multiplex
+        cache = multiplex[0].kv.cache
+        directory = cache.directory if cache is not None else None
+        near = self._nearest(directory.deepest_holders(req)) if directory is not None else []
+        taken = {w.id for w in near}
+        if self._ranked is None:
+            self._ranked = least_loaded(self.roster.fleet)
+        return near + [w for w in self._ranked if w.id not in taken][:SHORTLIST - len(near)]
+
+    def _nearest(self, holders: set[int]) -> list[WorkerState]:
+        """``nearest`` among ``holders`` (the directory's own set of a block's holders, which no
+        decision edits: kept by identity, with the set, so that its id is not reused)."""
+        if not holders:
+            return []
+        kept = self._near.get(id(holders))
+        if kept is not None and kept[0] is holders:
+            return kept[1]
+        near = nearest(holders & self.roster.multiplex_ids, self.roster.fleet)
+        self._near[id(holders)] = (holders, near)
+        return near
 
 
 def nearest(holders: set[int], workers: Sequence[WorkerState]) -> list[WorkerState]:

@@ -72,6 +72,7 @@ class WorkerState:
     lag: Lag | None = None
     index: Watcher | None = None
     pace: float = 0.0
+    edits: int = 0
     _steps: int = 0
     _decode_context: int = 0
     _running_remaining: int = 0
@@ -92,7 +93,8 @@ class WorkerState:
 
     def changed(self) -> None:
         """Its load, role or liveness may have moved: the fleet's index re-files it before its
-        next walk (see ``LoadIndex``)."""
+        next walk (see ``LoadIndex``), and predictions kept for it lapse (``edits``)."""
+        self.edits += 1
         if self.index is not None:
             self.index.marked.add(self.id)
 
@@ -327,6 +329,7 @@ class WorkerState:
             self.kv.unpin(req)
             return False
         self.holds[req.id] = self.kv.reserve(tokens)
+        self.changed()
         if req.first_token is None and req.prefix:
             self._rehit(req, min(held, self._hit_cap(req)))
         return True
@@ -348,10 +351,12 @@ class WorkerState:
     def release(self, req: Request) -> None:
         self.kv.release(self.holds.pop(req.id, 0))
         self.kv.unpin(req)
+        self.changed()
 
     def _store(self, req: Request, tokens: int) -> None:
         """``req``'s first ``tokens`` prompt tokens are computed here: the cache keeps them."""
         moved = self.kv.store(req, tokens)
+        self.changed()
         if moved:
             self.holds[req.id] -= moved
 

@@ -92,8 +92,9 @@ class WorkerState:
         return lag if lag is not None and self._busy_until <= lag.now and self.running else None
 
     def changed(self) -> None:
-        """Its load, role or liveness may have moved: the fleet's index re-files it before its
-        next walk (see ``LoadIndex``), and predictions kept for it lapse (``edits``)."""
+        """Its load, role, liveness, KV or prefix cache may have moved: the fleet's index
+        re-files it before its next walk (see ``LoadIndex``), and predictions kept for it lapse
+        (``edits``)."""
         self.edits += 1
         if self.index is not None:
             self.index.marked.add(self.id)

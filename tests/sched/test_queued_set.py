@@ -1,7 +1,7 @@
-"""The toggle asks only the prefill queues it queued prompts on (``TropicalPolicy._queued_at_risk``):
-whatever happens to the queues (prompts run, move, yield, are aborted; workers die, come back,
-change roles),
-it finds exactly the prompts at risk that asking every prefill worker of the roster would."""
+"""The toggle asks only the prefill queues it queued prompts on, and of those only the ones that
+moved (``QueueWatch``): whatever happens to the queues (prompts run, move, yield, are aborted;
+workers die, come back, change roles), it finds exactly the prompts at risk that asking every
+prefill worker of the roster would."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from tests.factories import linear_cluster, make_request
 from tropical.core.request import Request
 from tropical.sched.cluster import Cluster
-from tropical.sched.risk import AtRisk
+from tropical.sched.queue_watch import QueueWatch
+from tropical.sched.risk import AtRisk, QueueRisk
 from tropical.sched.tropical import ToggleParams, TropicalPolicy
 from tropical.sched.worker import WorkerState
 from tropical.sim.simulator import Simulator
@@ -31,17 +32,29 @@ def _seen(at_risk: AtRisk[WorkerState]) -> tuple[object, ...]:
     return listed(True), listed(False), [(r.id, w.id, f) for r, w, f in at_risk.doomed()], at_risk.count
 
 
-class Checked(TropicalPolicy):
-    """The toggle, checking at every look that its queue set misses no prompt at risk."""
+class CheckedWatch(QueueWatch):
+    """The watch, checking at every look that it misses no prompt at risk."""
 
     looks = 0
 
-    def _queued_at_risk(self, now: float) -> AtRisk[WorkerState]:
-        kept = super()._queued_at_risk(now)
-        every = AtRisk([(w, self._risk_of(w, now)) for w in self._kept.prefill_by_id.values()], now)
+    def at_risk(self, by_id: dict[int, WorkerState], now: float) -> AtRisk[WorkerState]:
+        kept = super().at_risk(by_id, now)
+        every = AtRisk([(w, QueueRisk.of(w.queued_costs(self.lookahead), max(now, w.busy_until)))
+                        for w in by_id.values()], now)
         assert _seen(kept) == _seen(every)
-        Checked.looks += 1
+        CheckedWatch.looks += 1
         return kept
+
+
+class Checked(TropicalPolicy):
+    """The toggle with a checked watch."""
+
+    def __init__(self, max_batched_tokens: int, toggle: ToggleParams) -> None:
+        super().__init__(max_batched_tokens, toggle)
+        self._watch = CheckedWatch(self.toggle.lookahead)
+
+    def look(self, now: float) -> None:
+        self._watch.at_risk(self._kept.prefill_by_id, now)
 
 
 def _requests(rng: random.Random, n: int) -> list[Request]:
@@ -57,9 +70,9 @@ def _requests(rng: random.Random, n: int) -> list[Request]:
 def test_in_a_simulation_the_queue_set_finds_what_every_queue_would(seed, workers, toggle):
     policy = Checked(4096, toggle)
     states = linear_cluster(workers, 30_000).build(policy)
-    before = Checked.looks
+    before = CheckedWatch.looks
     Simulator(states, policy, _requests(random.Random(seed), 80)).run()
-    assert Checked.looks > before
+    assert CheckedWatch.looks > before
 
 
 @settings(max_examples=25, deadline=None)
@@ -86,4 +99,4 @@ def test_after_aborts_deaths_and_revivals_the_queue_set_finds_what_every_queue_w
             if batch is not None:
                 cluster.book(worker, batch, now + 0.05)
         policy._split(cluster.workers)
-        policy._queued_at_risk(now)
+        policy.look(now)

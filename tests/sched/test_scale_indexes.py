@@ -179,6 +179,36 @@ def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_
     assert Shortlists(Roster.of(workers)).of(req) == picked
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.sampled_from([20, 40, 70]), shared=st.floats(0.0, 1.0),
+       indexed=st.booleans())
+def test_every_shortlist_of_a_decision_is_the_least_loaded_holders_then_the_least_loaded(
+        seed: int, n: int, shared: float, indexed: bool):
+    """One walk by load serves every prompt of a decision, holders read off it or (when it meets
+    too few of them) found by a heap: either way, what sorting every worker would pick. A
+    ``shared`` part of the fleet holds the prefix ``z`` (a first block every conversation has)."""
+    workers = loaded_fleet(seed, n)
+    rng = random.Random(seed)
+    for w in workers:
+        if rng.random() < shared:
+            history = prefixed(50_000 + w.id, keys("z", BLOCK), BLOCK)
+            w.enqueue(history)
+            if w.reserve(history):
+                w.complete_prefill(history, history.remaining_prompt, now=0.0)
+    if indexed:
+        LoadIndex.over(workers)
+    shortlists = Shortlists(Roster.of(workers))
+    live = [w for w in workers if w.alive]
+    order = sorted(live, key=lambda w: (w.unfinished_tokens, w.id))
+    directory = workers[0].kv.cache.directory
+    for label in [*LABELS, "z"]:
+        req = prefixed(99_000, keys(label, 3 * BLOCK), 3 * BLOCK)
+        holders = directory.deepest_holders(req)
+        near = [w for w in order if w.id in holders][:SHORTLIST // 2]
+        rest = [w for w in order if w not in near][:SHORTLIST - len(near)]
+        assert shortlists.of(req) == (live if len(live) <= SHORTLIST else near + rest)
+
+
 def test_a_request_without_prefix_blocks_has_no_holders():
     workers = fleet(2)
     cache = workers[0].kv.cache

@@ -12,7 +12,7 @@ their TTFT is at risk and some multiplexing worker has the slack.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -42,7 +42,7 @@ from tropical.sched.path2_prices import Path2Prices
 from tropical.sched.pending import Pending
 from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at
-from tropical.sched.risk import AtRisk, QueueRisk
+from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import Decoding, SlackRule
@@ -158,8 +158,7 @@ class TropicalPolicy(Policy):
         self._queued: dict[int, Pending] = {}
         self._queues: dict[int, list[Request]] = {}
         self._lineups: dict[int, Lineup] = {}
-        self._risks: dict[int, QueueRisk] = {}
-        self._queued_on: set[int] = set()
+        self._watch = QueueWatch(self.toggle.lookahead)
         self._roles = RoleSwitch()
         self._roster: Roster | None = None
         self._prices = Path2Prices()
@@ -198,6 +197,7 @@ class TropicalPolicy(Policy):
         kept = self._roster
         if kept is None or kept.fleet is not workers:
             kept = self._roster = Roster.of(workers)
+            self._watch.follow(kept.prefill)
         return kept.prefill, kept.multiplex
 
     @property
@@ -212,8 +212,8 @@ class TropicalPolicy(Policy):
 
     def _noted(self, assignments: list[Assignment]) -> list[Assignment]:
         """Remember the workers prompts were queued on: only their prefill queues can hold
-        prompts at risk (see ``_queued_at_risk``)."""
-        self._queued_on.update(a.worker_id for a in assignments)
+        prompts at risk (see ``QueueWatch``)."""
+        self._watch.queued(a.worker_id for a in assignments)
         return assignments
 
     def _place(self, req: Request, now: float, workers: Sequence[WorkerState]) -> list[Assignment]:
@@ -251,7 +251,7 @@ class TropicalPolicy(Policy):
         demotion lets them yield.
         """
         _, multiplex = self._split(workers)
-        at_risk = self._queued_at_risk(now)
+        at_risk = self._watch.at_risk(self._kept.prefill_by_id, now)
         self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
         self._forget_chunks()
         doomed_too = not self.toggle.chunked and not self.toggle.demote_doomed
@@ -341,36 +341,6 @@ class TropicalPolicy(Policy):
         if chosen is None:
             return None, math.inf
         return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)
-
-    def _queued_at_risk(self, now: float) -> AtRisk[WorkerState]:
-        """Queued requests (not yet running) whose predicted Path 1 TTFT misses the SLO.
-
-        Only the first ``lookahead`` of each queue are examined: deeper ones get their turn as
-        the queue drains, and the scan stays cheap under overload. Only the live prefill workers
-        the toggle queued prompts on are asked (an empty queue has none at risk), in the
-        roster's order, and only while prompts wait behind those in flight; those found empty
-        are forgotten until a prompt is queued there again.
-        """
-        by_id = self._kept.prefill_by_id
-        queues = []
-        for worker_id in sorted(self._queued_on):
-            worker = by_id.get(worker_id)
-            if worker is None:
-                continue
-            if len(worker.waiting) > worker.batch_prefills:  # prompts queued behind those in flight
-                queues.append((worker, self._risk_of(worker, now)))
-            elif not worker.waiting:
-                self._queued_on.discard(worker_id)
-        return AtRisk(queues, now)
-
-    def _risk_of(self, worker: WorkerState, now: float) -> QueueRisk:
-        """The at-risk view of ``worker``'s queue, kept while its queue and next start stay."""
-        priced = worker.queued_costs(self.toggle.lookahead)
-        start = max(now, worker.busy_until)
-        risk = self._risks.get(worker.id)
-        if risk is None or not risk.kept_for(priced, start):
-            risk = self._risks[worker.id] = QueueRisk.of(priced, start)
-        return risk
 
     @staticmethod
     def _multiplexed(req: Request, worker: WorkerState, path1_finish: float, finish: float,
@@ -585,11 +555,15 @@ class Shortlists:
     """The multiplexing workers Path 2 prices for each prompt of one decision (see
     ``SHORTLIST``): the least loaded of those holding the deepest block of its prefix that any
     holds (where a follow-up turn finds its history; they would find about the same hit), and
-    the least loaded. Loads stand through a decision, so both are ranked once per decision: the
-    least loaded once, the holders once per block (a burst of new conversations shares one)."""
+    the least loaded. Loads stand through a decision, so the multiplexing workers are walked by
+    load once per decision, as far as any shortlist reads, and each block's holders are ranked
+    once: read off that walk if it meets enough of them within as many steps as there are
+    holders (a burst of new conversations shares a first block that every worker holds), else
+    by a heap over them."""
 
     roster: Roster
-    _ranked: list[WorkerState] | None = None
+    _walk: Iterator[WorkerState] | None = None
+    _ranked: list[WorkerState] = field(default_factory=list)
     _near: dict[int, tuple[set[int], list[WorkerState]]] = field(default_factory=dict)
 
     def of(self, req: Request) -> list[WorkerState]:
@@ -600,9 +574,19 @@ class Shortlists:
         directory = cache.directory if cache is not None else None
         near = self._nearest(directory.deepest_holders(req)) if directory is not None else []
         taken = {w.id for w in near}
-        if self._ranked is None:
-            self._ranked = least_loaded(self.roster.fleet)
-        return near + [w for w in self._ranked if w.id not in taken][:SHORTLIST - len(near)]
+        return near + [w for w in self._first(SHORTLIST) if w.id not in taken][:SHORTLIST - len(near)]
+
+    def _first(self, count: int) -> list[WorkerState]:
+        """The ``count`` least loaded multiplexing workers, least first (all, if fewer): one walk
+        by load per decision, taken as far as asked."""
+        if self._walk is None:
+            self._walk = by_load(self.roster.fleet, _MULTIPLEX)
+        while len(self._ranked) < count:
+            worker = next(self._walk, None)
+            if worker is None:
+                break
+            self._ranked.append(worker)
+        return self._ranked
 
     def _nearest(self, holders: set[int]) -> list[WorkerState]:
         """``nearest`` among ``holders`` (the directory's own set of a block's holders, which no
@@ -612,17 +596,27 @@ class Shortlists:
         kept = self._near.get(id(holders))
         if kept is not None and kept[0] is holders:
             return kept[1]
-        near = nearest(holders & self.roster.multiplex_ids, self.roster.fleet)
+        near = self._walked(holders)
+        if near is None:
+            near = nearest(holders & self.roster.multiplex_ids, self.roster.fleet)
         self._near[id(holders)] = (holders, near)
         return near
+
+    def _walked(self, holders: set[int]) -> list[WorkerState] | None:
+        """``nearest`` among ``holders`` read off the walk by load, or None if its first
+        ``len(holders)`` workers hold fewer than half a shortlist of them (and it goes on)."""
+        found: list[WorkerState] = []
+        for place in range(len(holders)):
+            ranked = self._first(place + 1)
+            if place == len(ranked):
+                return found
+            if ranked[place].id in holders:
+                found.append(ranked[place])
+                if len(found) == SHORTLIST // 2:
+                    return found
+        return None
 
 
 def nearest(holders: set[int], workers: Sequence[WorkerState]) -> list[WorkerState]:
     """The least loaded of ``holders`` (live multiplexing workers), at most half a shortlist."""
     return list(islice(least_loaded_first(workers[wid] for wid in holders), SHORTLIST // 2))
-
-
-def least_loaded(workers: Sequence[WorkerState]) -> list[WorkerState]:
-    """The ``SHORTLIST`` least loaded multiplexing workers, least first: with ``near`` (at most
-    half of them) set aside, those left are still the least loaded of the rest."""
-    return list(islice(by_load(workers, _MULTIPLEX), SHORTLIST))

@@ -71,6 +71,7 @@ class WorkerState:
     catching_up: dict[int, Request] = field(default_factory=dict)
     lag: Lag | None = None
     index: Watcher | None = None
+    watchers: list[set[int]] = field(default_factory=list)
     pace: float = 0.0
     edits: int = 0
     _steps: int = 0
@@ -93,11 +94,14 @@ class WorkerState:
 
     def changed(self) -> None:
         """Its load, role, liveness, KV or prefix cache may have moved: the fleet's index
-        re-files it before its next walk (see ``LoadIndex``), and predictions kept for it lapse
-        (``edits``)."""
+        re-files it before its next walk (see ``LoadIndex``), the toggle's watch of the prefill
+        queues looks at it again (``watchers``, see ``QueueWatch``), and predictions kept for it
+        lapse (``edits``)."""
         self.edits += 1
         if self.index is not None:
             self.index.marked.add(self.id)
+        for marks in self.watchers:
+            marks.add(self.id)
 
     def become(self, role: Role, rules: BatchRules) -> None:
         """Take another role, with its batch rules."""

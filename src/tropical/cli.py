@@ -110,6 +110,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from tropical.sim.build import experiment
+    from tropical.sim.collection import left_to_exit
     from tropical.sim.run import simulate
 
     result = simulate(experiment(_config(args)))
@@ -117,6 +118,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_dict()))
     else:
         print(summary_table(result))
+    left_to_exit()
     return 0
 
 

@@ -62,7 +62,7 @@ def test_a_price_is_computed_again_once_anything_it_read_can_have_moved(move: st
     assert compute.calls == 2
 
 
-def _burst(policy: str) -> list[tuple[object, ...]]:
+def burst_outcomes(policy: str) -> list[tuple[object, ...]]:
     """Every request's path, workers, hit and times in a burst on 40 workers (more multiplexing
     workers than a shortlist holds)."""
     cfg = SimConfig().with_preset().updated(
@@ -86,7 +86,7 @@ def test_every_kept_price_is_the_price_computed_again(policy: str, monkeypatch: 
         return fresh
 
     monkeypatch.setattr(Path2Prices, "price", checked)
-    checked_outcomes = _burst(policy)
+    checked_outcomes = burst_outcomes(policy)
     monkeypatch.undo()
     assert len(used) > 1_000, "the burst must price Path 2 often"
-    assert _burst(policy) == checked_outcomes
+    assert burst_outcomes(policy) == checked_outcomes

@@ -7,13 +7,11 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import make_request, make_worker
-from tropical.config import SimConfig
+from tests.sched.test_path2_prices import burst_outcomes
 from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.risk import AtRisk, QueueRisk
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
-from tropical.sim import run
-from tropical.sim.build import experiment
 
 Answer = list[tuple[int, list[tuple[int, float]]]]
 
@@ -82,15 +80,6 @@ def test_a_queue_emptied_or_no_longer_a_prefill_workers_has_none_at_risk():
     assert answer(watch.at_risk({0: workers[0]}, 0.0)) == [], "worker 1 left the prefill roster"
 
 
-def _burst(policy: str) -> list[tuple[object, ...]]:
-    """Every request's path, workers and times in a burst on 40 workers."""
-    cfg = SimConfig().with_preset().updated(
-        {"policy": policy, "trace": "conversation", "workers": 40, "arrivals": "poisson", "rate": 400.0,
-         "limit": 500}, "test")
-    return [(r.id, r.path, r.prefill_worker, r.decode_worker, r.cached, r.first_token, r.finish)
-            for r in run.simulate(experiment(cfg)).requests]
-
-
 @pytest.mark.parametrize("policy", ["tropical+", "tropical"])
 def test_every_answer_of_the_watch_is_a_fresh_look_at_every_queue(policy: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,7 +94,7 @@ def test_every_answer_of_the_watch_is_a_fresh_look_at_every_queue(policy: str,
         return got
 
     monkeypatch.setattr(QueueWatch, "at_risk", checked)
-    checked_outcomes = _burst(policy)
+    checked_outcomes = burst_outcomes(policy)
     monkeypatch.undo()
     assert sum(len(a) > 0 for a in answers) > 200, "the burst must put prompts at risk often"
-    assert _burst(policy) == checked_outcomes
+    assert burst_outcomes(policy) == checked_outcomes

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,7 @@ from tropical.sched.cluster import Cluster
 from tropical.sched.dispatch import ARRIVAL_ROLES, DECODING_ROLES, by_load, least_work
 from tropical.sched.fleet import worker_states
 from tropical.sched.lag import Lag
-from tropical.sched.load_index import LoadIndex, fleet_index
+from tropical.sched.load_index import FIRST, LoadIndex, ascending, fleet_index
 from tropical.sched.prediction import free_at
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.tropical import Roster, TropicalPolicy, earliest_finish
@@ -120,6 +121,18 @@ def test_every_walk_from_the_index_is_the_exact_order_of_a_full_look(seed, n, la
         full = [w for w in cluster.workers if w.alive]
         expected = min(full, key=lambda w: (w.unfinished_tokens + w.prompt_split(req)[0], w.id), default=None)
         assert least_work(req, cluster.workers, tuple(Role)) is expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 3 * FIRST), st.integers(1, 5), st.integers(0, 10_000))
+def test_a_walk_in_order_of_bounds_is_sorted_by_bound_then_id_however_many_tie(n, distinct, seed):
+    """Bounds drawn from a few values, so that many workers tie with the last of the first
+    ``FIRST`` (an idle fleet ties them all at no load)."""
+    rng = random.Random(seed)
+    values = [rng.randrange(distinct) for _ in range(n)]
+    ids = np.array(sorted(rng.sample(range(10 * n), n)))
+    walked = list(ascending(np.array(values), ids))
+    assert walked == sorted(zip(values, ids.tolist(), strict=True))
 
 
 def test_a_part_of_the_fleet_is_walked_without_the_index():

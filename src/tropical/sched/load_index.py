@@ -70,8 +70,10 @@ class LoadIndex:
         return index
 
     def watch(self, worker: WorkerState) -> None:
-        """File ``worker`` (new, or a fresh state in its slot of the fleet) at the next walk."""
+        """File ``worker`` (new, or a fresh state in its slot of the fleet) at the next walk, and
+        again whenever it changes; walks over the fleet find this index through its workers."""
         worker.index = self
+        worker.tell(self.marked)
         self.marked.add(worker.id)
 
     def of(self, workers: Sequence[WorkerState]) -> bool:

@@ -43,8 +43,7 @@ class QueueWatch:
         """Have ``workers`` (a new roster's prefill workers) mark themselves here when they
         change, and look again at every queue: the roster itself moved."""
         for worker in workers:
-            if not any(marks is self.marked for marks in worker.watchers):
-                worker.watchers.append(self.marked)
+            worker.tell(self.marked)
         self.marked |= self.queued_on
 
     def queued(self, worker_ids: Iterable[int]) -> None:

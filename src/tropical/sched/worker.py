@@ -13,7 +13,6 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Protocol
 
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.iterations import prefill_time
@@ -27,12 +26,6 @@ from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.prefix_directory import PrefixDirectory
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.token_gaps import TokenGaps
-
-
-class Watcher(Protocol):
-    """What a worker tells of its changes to (a fleet's ``LoadIndex``): its id, marked."""
-
-    marked: set[int]
 
 
 @dataclass(slots=True, eq=False)
@@ -70,7 +63,7 @@ class WorkerState:
     gaps: TokenGaps = field(default_factory=TokenGaps)
     catching_up: dict[int, Request] = field(default_factory=dict)
     lag: Lag | None = None
-    index: Watcher | None = None
+    index: object | None = None
     watchers: list[set[int]] = field(default_factory=list)
     pace: float = 0.0
     edits: int = 0
@@ -93,15 +86,18 @@ class WorkerState:
         return lag if lag is not None and self._busy_until <= lag.now and self.running else None
 
     def changed(self) -> None:
-        """Its load, role, liveness, KV or prefix cache may have moved: the fleet's index
-        re-files it before its next walk (see ``LoadIndex``), the toggle's watch of the prefill
-        queues looks at it again (``watchers``, see ``QueueWatch``), and predictions kept for it
-        lapse (``edits``)."""
+        """Its load, role, liveness, KV or prefix cache may have moved: it marks itself in every
+        set of ``watchers`` (the fleet's ``LoadIndex`` re-files it before its next walk, the
+        toggle's ``QueueWatch`` looks at its queue again), and predictions kept for it lapse
+        (``edits``)."""
         self.edits += 1
-        if self.index is not None:
-            self.index.marked.add(self.id)
         for marks in self.watchers:
             marks.add(self.id)
+
+    def tell(self, marks: set[int]) -> None:
+        """Mark this worker's id in ``marks`` whenever it changes (once, however often asked)."""
+        if not any(kept is marks for kept in self.watchers):
+            self.watchers.append(marks)
 
     def become(self, role: Role, rules: BatchRules) -> None:
         """Take another role, with its batch rules."""

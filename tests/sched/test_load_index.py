@@ -115,6 +115,8 @@ def test_every_walk_from_the_index_is_the_exact_order_of_a_full_look(seed, n, la
             w.lag = None if books is None else books.lag
         for walk in WALKS:
             assert [w.id for w in by_load(cluster.workers, walk)] == exact_order(cluster.workers, walk)
+            ids = index.live_ids(walk)
+            assert index.load_floors(ids).tolist() == [cluster.workers[i].load_floor for i in ids]
             if books is None:  # a worker booked at once is filed at its exact load
                 assert [wid for _, wid in index.ordered(walk)] == exact_order(cluster.workers, walk)
         req = make_request(10_000 + rid, prompt=rng.randrange(1, 900))
@@ -124,12 +126,13 @@ def test_every_walk_from_the_index_is_the_exact_order_of_a_full_look(seed, n, la
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(1, 3 * FIRST), st.integers(1, 5), st.integers(0, 10_000))
-def test_a_walk_in_order_of_bounds_is_sorted_by_bound_then_id_however_many_tie(n, distinct, seed):
-    """Bounds drawn from a few values, so that many workers tie with the last of the first
-    ``FIRST`` (an idle fleet ties them all at no load)."""
+@given(st.integers(1, 3 * FIRST), st.integers(1, 5), st.integers(0, 10_000), st.sampled_from([int, float]))
+def test_a_walk_in_order_of_bounds_is_sorted_by_bound_then_id_however_many_tie(n, distinct, seed, kind):
+    """Bounds drawn from a few values (whole load floors, some below zero, or times), so that
+    many workers tie with the last of the first ``FIRST`` (an idle fleet ties them all at no
+    load)."""
     rng = random.Random(seed)
-    values = [rng.randrange(distinct) for _ in range(n)]
+    values = [kind(rng.randrange(-1, distinct)) for _ in range(n)]
     ids = np.array(sorted(rng.sample(range(10 * n), n)))
     walked = list(ascending(np.array(values), ids))
     assert walked == sorted(zip(values, ids.tolist(), strict=True))
@@ -196,3 +199,31 @@ def test_admission_asked_of_the_index_answers_as_a_look_at_every_worker(seed, n)
     for _ in range(20):
         req = make_request(prompt=rng.randrange(1, 9_000), output=rng.randrange(1, 2_000))
         assert admission_error(req, cluster.workers) == admission_error(req, list(cluster.workers))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([3, 12, 40]))
+def test_the_index_bounds_each_worker_by_its_own_load_floor_at_any_clock(seed, n):
+    """Lazily booked decode runs of every pace (none, fast, slow), iterations ended before the
+    clock or not, each worker's or only part of the fleet's: the vector floors are the workers'."""
+    rng = random.Random(seed)
+    roles = [rng.choice([Role.PREFILL, Role.MULTIPLEX, Role.DECODE]) for _ in range(n)]
+    workers = worker_states(DisaggPolicy(512), roles, [(512, 16)] * n, [linear_model()] * n)
+    cluster = Cluster(workers, DisaggPolicy(512), index_from=0)
+    books = LazyBooks(cluster.workers)
+    for rid, worker in enumerate(cluster.workers):
+        worker.lag = books.lag
+        for k in range(rng.randrange(3) if worker.role.decodes else 0):
+            start_decoding(worker, make_request(100 * rid + k, prompt=rng.randrange(1, 300),
+                                                output=rng.randrange(2, 60)))
+        worker.pace = rng.choice([0.0, 0.01, 0.2])
+        worker.busy_until = rng.choice([0.0, 0.9, 2.0])
+        books.run_on(worker, rng)
+        worker.changed()
+    index = cluster.index
+    assert index is not None
+    for now in (0.5, 0.9, 1.0, 2.0, 3.0):
+        books.lag.now = now
+        for walk in WALKS:
+            ids = index.live_ids(walk)
+            assert index.load_floors(ids).tolist() == [cluster.workers[i].load_floor for i in ids]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any, cast
 
 import numpy as np
 
@@ -125,21 +126,34 @@ class LoadIndex:
         return np.maximum(now, self.busy_until[ids]) + self.queued_work[ids]
 
     def _refile(self) -> None:
+        """Copy each marked worker's terms into its row, through memory views of the columns (a
+        view's item is a plain number: a numpy scalar read or write costs several times more,
+        and a thousand-worker fleet re-files dozens of workers per decision)."""
+        if not self.marked:
+            return
+        booked, batch, to_finish, busy_until, pace, queued_work, waiting_prompt, decode_context, \
+            block_size, role, live = _views(self._columns())
         for worker_id in self.marked:
             worker = self.workers[worker_id]
-            booked, batch, to_finish = worker.booked_load()
-            self.booked[worker_id], self.batch[worker_id] = booked, batch
-            self.to_finish[worker_id], self.pace[worker_id] = to_finish, worker.pace
-            self.busy_until[worker_id] = worker.booked_busy_until()
-            self.queued_work[worker_id] = worker.queued_work
-            self.waiting_prompt[worker_id] = worker.waiting_prompt
-            self.decode_context[worker_id] = worker.decode_context_floor
-            self.block_size[worker_id] = worker.kv.block_size
-            role = ROLES.index(worker.role)
-            if role != self.role[worker_id] or worker.alive != self.live[worker_id]:
-                self.role[worker_id], self.live[worker_id] = role, worker.alive
+            booked[worker_id], batch[worker_id], to_finish[worker_id] = worker.booked_load()
+            pace[worker_id], busy_until[worker_id] = worker.pace, worker.booked_busy_until()
+            queued_work[worker_id], waiting_prompt[worker_id] = worker.queued_work, worker.waiting_prompt
+            decode_context[worker_id] = worker.decode_context_floor
+            block_size[worker_id] = worker.kv.block_size
+            place = ROLES.index(worker.role)
+            if place != role[worker_id] or worker.alive != live[worker_id]:
+                role[worker_id], live[worker_id] = place, worker.alive
                 self.members.clear()
         self.marked.clear()
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return (self.booked, self.batch, self.to_finish, self.busy_until, self.pace, self.queued_work,
+                self.waiting_prompt, self.decode_context, self.block_size, self.role, self.live)
+
+
+def _views(columns: tuple[np.ndarray, ...]) -> list[Any]:
+    """Writable memory views of ``columns`` (typed loosely: a view of a float column takes floats)."""
+    return [memoryview(cast(Any, column)) for column in columns]
 
 
 def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:

@@ -41,8 +41,8 @@ class LoadIndex:
     its load as booked, its lazily booked batch (0: none), the iterations to its next finish,
     when its iteration ends, the least an iteration takes, its queued prefill work, the prompt
     tokens queued there, its decode contexts as booked, its KV block size, its role (an index
-    into ``ROLES``) and whether it is live; and the live workers of each set of roles walked
-    (``members``)."""
+    into ``ROLES``) and whether it is live; the live workers of each set of roles walked
+    (``members``); and memory views of the columns, through which re-filing writes (``views``)."""
 
     workers: Sequence[WorkerState]
     booked: np.ndarray
@@ -58,6 +58,7 @@ class LoadIndex:
     live: np.ndarray
     marked: set[int] = field(default_factory=set)
     members: dict[tuple[Role, ...], np.ndarray] = field(default_factory=dict)
+    views: list[Any] = field(default_factory=list)
 
     @classmethod
     def over(cls, workers: Sequence[WorkerState]) -> LoadIndex:
@@ -66,6 +67,7 @@ class LoadIndex:
         index = cls(workers, _column(n), _column(n), _column(n), _column(n, float), _column(n, float),
                     _column(n, float), _column(n), _column(n), _column(n), _column(n, np.int8),
                     _column(n, bool))
+        index.views = _views(index._columns())
         for worker in workers:
             index.watch(worker)
         return index
@@ -132,7 +134,7 @@ class LoadIndex:
         if not self.marked:
             return
         booked, batch, to_finish, busy_until, pace, queued_work, waiting_prompt, decode_context, \
-            block_size, role, live = _views(self._columns())
+            block_size, role, live = self.views
         for worker_id in self.marked:
             worker = self.workers[worker_id]
             booked[worker_id], batch[worker_id], to_finish[worker_id] = worker.booked_load()

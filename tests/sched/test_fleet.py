@@ -30,3 +30,19 @@ def test_predictions_are_corrected_online_where_the_policy_learns_or_the_substra
     [shadow] = worker_states(make_policy("colocated"), [Role.COLOCATED], [(10, 16)], [linear_model()],
                              online=True)
     assert isinstance(shadow.latency, OnlineLatency), "a vLLM shadow always learns its instance's speed"
+
+
+def test_only_a_policy_that_routes_by_prefix_keeps_the_fleets_directory():
+    """Every worker caches either way; the directory of who holds which block is kept only
+    where the policy reads it (the cache-blind baselines would pay to index for nothing)."""
+    roles = [Role.PREFILL, Role.MULTIPLEX]
+    for name, routes in [("tropical+", True), ("kv-router", True), ("kv-router-disagg", True),
+                         ("chunked-512/2pools", True), ("chunked-512", False), ("disagg", False),
+                         ("colocated", False)]:
+        states = worker_states(make_policy(name), roles, [(100, 16)] * 2, [linear_model()] * 2,
+                               prefix_cache=True)
+        caches = [s.kv.cache for s in states]
+        assert all(c is not None for c in caches), name
+        directories = {id(c.directory) for c in caches if c is not None}
+        assert (caches[0] is not None and caches[0].directory is not None) is routes, name
+        assert len(directories) == 1, f"{name}: one directory for the fleet, or none"

@@ -76,6 +76,8 @@ def kv_bound(worker: WorkerState, new_floor: int, weight: float) -> float:
 class KVRouterPolicy(ColocatedPolicy):
     """Colocated chunked-prefill workers behind Dynamo's KV router."""
 
+    routes_by_prefix = True
+
     def __init__(self, chunk_budget: int = 512, max_seqs: int = 256, weight: float = OVERLAP_WEIGHT,
                  name: str = "kv-router") -> None:
         super().__init__(chunk_budget, chunked=True, chunk_budget=chunk_budget, max_seqs=max_seqs, name=name)
@@ -92,6 +94,8 @@ class KVRouterPolicy(ColocatedPolicy):
 class KVRouterDisaggPolicy(Policy):
     """Prefill workers routed by overlap plus load, decode workers by load, and short uncached
     prompts prefilled where they decode."""
+
+    routes_by_prefix = True
 
     def __init__(self, max_batched_tokens: int, chunk_budget: int = 512, num_prefill: int | None = None,
                  max_seqs: int = 256, weight: float = OVERLAP_WEIGHT, local_limit: int = LOCAL_PREFILL_LIMIT,

@@ -37,6 +37,10 @@ class Policy(ABC):
     observes_iterations: bool = False
     """True if ``on_iteration_end`` may act; a substrate may skip the call (and the exact
     worker view it needs) for policies that never do."""
+    routes_by_prefix: bool = False
+    """True if the policy reads the fleet's prefix directory (which workers hold each prefix
+    block) to choose workers. A cache-blind router keeps none, as a load-balancing router in
+    front of vLLM keeps none: its workers still cache and reuse, and nothing pays to index them."""
 
     @abstractmethod
     def roles(self, num_workers: int) -> list[Role]:

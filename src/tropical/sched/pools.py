@@ -23,6 +23,9 @@ from tropical.sched.worker import WorkerState
 class PooledPolicy(Policy):
     """``pools`` policies over consecutive, equal shares of the workers, behind a front router."""
 
+    routes_by_prefix = True
+    """The front router sends each request where its prefix is held."""
+
     def __init__(self, pools: Sequence[Policy], name: str) -> None:
         if not pools:
             raise ValueError("a pooled fleet needs at least one pool")

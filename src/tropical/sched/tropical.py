@@ -138,6 +138,7 @@ class TropicalPolicy(Policy):
 
     name = "tropical"
     observes_iterations = True
+    routes_by_prefix = True
 
     def __init__(self, max_batched_tokens: int, toggle: ToggleParams | None = None,
                  max_seqs: int = 256, name: str = "tropical") -> None:

@@ -67,7 +67,7 @@ class LoadIndex:
         index = cls(workers, _column(n), _column(n), _column(n), _column(n, float), _column(n, float),
                     _column(n, float), _column(n), _column(n), _column(n), _column(n, np.int8),
                     _column(n, bool))
-        index.views = _views(index._columns())
+        index.views = index._column_views()
         for worker in workers:
             index.watch(worker)
         return index
@@ -116,7 +116,7 @@ class LoadIndex:
         if not len(behind):
             return booked
         at = ids[behind]
-        most, pace, since = self.to_finish[at], self.pace[at], lag.now - self.busy_until[at]
+        most, pace, since = self.to_finish[at], self.pace[at], lag.now - busy[behind]
         paced = pace > 0
         most[paced] = np.minimum(most[paced], 2 + (since[paced] / pace[paced]).astype(np.int64))
         floors = booked.copy() if whole else booked
@@ -148,14 +148,12 @@ class LoadIndex:
                 self.members.clear()
         self.marked.clear()
 
-    def _columns(self) -> tuple[np.ndarray, ...]:
-        return (self.booked, self.batch, self.to_finish, self.busy_until, self.pace, self.queued_work,
-                self.waiting_prompt, self.decode_context, self.block_size, self.role, self.live)
-
-
-def _views(columns: tuple[np.ndarray, ...]) -> list[Any]:
-    """Writable memory views of ``columns`` (typed loosely: a view of a float column takes floats)."""
-    return [memoryview(cast(Any, column)) for column in columns]
+    def _column_views(self) -> list[Any]:
+        """Writable memory views of the columns, in ``_refile``'s order (typed loosely: a view
+        of a float column takes floats)."""
+        return [memoryview(cast(Any, column)) for column in (
+            self.booked, self.batch, self.to_finish, self.busy_until, self.pace, self.queued_work,
+            self.waiting_prompt, self.decode_context, self.block_size, self.role, self.live)]
 
 
 def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:

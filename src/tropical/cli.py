@@ -54,13 +54,14 @@ POLICY_HELP = {
     "slack": f"how Path 2 reads TPOT slack: {' or '.join(r.value for r in SlackRule)} (tropical)",
     "lookahead": "how deep in the queue the toggle looks for TTFT risk (tropical)",
     "demote_doomed": "true: requests that will miss their TTFT even if started now yield their "
-                     "place (tropical)",
+                     "place (default: true for tropical+, false for tropical)",
     "burst_multiplex": "true: a prompt the prefill workers cannot clear within its TTFT SLO may "
                        "stretch a multiplexing worker's iteration past the per-iteration TPOT "
                        "limit, spending the slack its decodes banked (tropical)",
     "prefill_batch_tokens": "prompt tokens a prefill worker batches per iteration (default: "
-                            "--max-batched-tokens; a lone prompt may exceed it, so a small budget "
-                            "runs prompts one at a time in queue order) (tropical)",
+                            "1024 for tropical+, --max-batched-tokens for tropical; a lone prompt "
+                            "may exceed it, so a small budget runs prompts one at a time in queue "
+                            "order)",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
     "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "

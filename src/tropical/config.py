@@ -49,7 +49,7 @@ class PolicyConfig:
     watermark: float = 0.9
     slack: str = "iteration"
     lookahead: int = 64
-    demote_doomed: bool = False
+    demote_doomed: bool | None = None
     chunked_multiplex: bool = False
     laxity: bool = False
     least_loaded: bool = False

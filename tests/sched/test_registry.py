@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tropical.sched.registry import make_policy, policy_names
+from tropical.config import SimConfig
+from tropical.sched.pools import PooledPolicy
+from tropical.sched.registry import PLUS_PREFILL_BUDGET, make_policy, policy_names
 from tropical.sched.rules import Role
+from tropical.sched.tropical import ToggleParams, TropicalPolicy
 from tropical.sim.reproduce import BASELINES, baselines, best_of, policies
 
 
@@ -34,3 +37,30 @@ def test_a_reproduction_gives_disagg_the_splits_a_setting_may_favour() -> None:
     assert baselines(8) == (*BASELINES, "disagg-2p", "disagg-6p")
     assert policies(4)[-2:] == ("tropical", "tropical+")
     assert best_of({"disagg-3p": 0.7, "chunked-512": 0.5, "tropical+": 1.1}) == 0.7
+
+
+def _toggle(name: str, **flags: object) -> ToggleParams:
+    policy = make_policy(name, SimConfig().updated(flags, "test").policy_params())
+    assert isinstance(policy, TropicalPolicy)
+    return policy.toggle
+
+
+def test_tropical_plus_demotes_and_batches_short_by_default_and_its_flags_override() -> None:
+    plus = _toggle("tropical+")
+    assert (plus.demote_doomed, plus.prefill_budget) == (True, PLUS_PREFILL_BUDGET)
+    assert (plus.chunked, plus.laxity, plus.least_loaded) == (True, True, True)
+    plain = _toggle("tropical+", demote_doomed=False, prefill_batch_tokens=4096)
+    assert (plain.demote_doomed, plain.prefill_budget) == (False, 4096)
+
+
+def test_the_papers_toggle_keeps_its_own_defaults() -> None:
+    paper = _toggle("tropical")
+    assert (paper.demote_doomed, paper.prefill_budget, paper.chunked) == (False, None, False)
+    assert _toggle("tropical", demote_doomed=True).demote_doomed is True
+
+
+def test_each_pool_of_tropical_plus_gets_its_defaults() -> None:
+    pooled = make_policy("tropical+/2pools")
+    assert isinstance(pooled, PooledPolicy)
+    assert [p.toggle.prefill_budget for p in pooled.pools if isinstance(p, TropicalPolicy)] == [
+        PLUS_PREFILL_BUDGET] * 2

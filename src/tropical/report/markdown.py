@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from tropical.core.metrics import miss_cause
+from tropical.sched.registry import PLUS_PREFILL_BUDGET
 from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, AtRate, Reproduction, Study, is_baseline, ratio
 
 DISPATCH = {
@@ -379,8 +380,9 @@ def write_report(rep: Reproduction, out: Path) -> Path:
             f"{exp.slo.ttft_scale:g}x/{exp.slo.tpot_scale:g}x light-load TTFT/TPOT, TBT SLO "
             f"{exp.slo.tbt_scale:g}x the TPOT SLO (stream attainment also requires every gap between "
             "two tokens within it; a stall is a gap over 1 s). `tropical` is the paper's toggle; "
-            "`tropical+` adds chunked multiplexing and laxity order, and takes the baselines' dispatch "
-            "for Path 1. "
+            "`tropical+` adds chunked multiplexing and laxity order, takes the baselines' dispatch "
+            "for Path 1, lets prompts that can no longer meet their TTFT yield, and batches at most "
+            f"{PLUS_PREFILL_BUDGET:,} prompt tokens per prefill iteration. "
             + ("Every worker keeps a prefix cache (vLLM's automatic prefix caching: the trace's "
                "hash_ids, least recently freed evicted first); the work and pooled bounds assume one "
                "ideal cluster-wide cache in which every reusable prefix hits. "

@@ -39,6 +39,23 @@ cache- and load-aware front router (``sched.pools``)."""
 
 
 KV_ROUTER_CHUNK = 512
+PLUS_PREFILL_BUDGET = 1024
+"""``tropical+``'s prefill workers batch at most this many prompt tokens per iteration (a lone
+longer prompt runs alone): prefill is compute-bound, so a bigger batch gains little throughput
+but holds its short, tight prompts until the batch ends (docs/overload.md measures it)."""
+
+
+def _paper_toggle(toggle: ToggleParams) -> ToggleParams:
+    """The paper's toggle: demotion only when asked for."""
+    return replace(toggle, demote_doomed=bool(toggle.demote_doomed))
+
+
+def plus_toggle(toggle: ToggleParams) -> ToggleParams:
+    """``tropical+``: chunked multiplexing, laxity order and the baselines' dispatch for Path 1,
+    always; demotion of doomed prompts and 1,024-token prefill batches unless set otherwise."""
+    demote = True if toggle.demote_doomed is None else toggle.demote_doomed
+    return replace(toggle, slack=SlackRule.ITERATION, chunked=True, laxity=True, least_loaded=True,
+                   demote_doomed=demote, prefill_budget=toggle.prefill_budget or PLUS_PREFILL_BUDGET)
 
 
 def _kv_router_name(size: int) -> str:
@@ -66,11 +83,9 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "kv-router-disagg": lambda p: KVRouterDisaggPolicy(p.max_batched_tokens, KV_ROUTER_CHUNK,
                                                        p.toggle.num_prefill, p.max_seqs,
                                                        p.kv_overlap_weight),
-    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, p.toggle, p.max_seqs),
-    "tropical+": lambda p: TropicalPolicy(
-        p.max_batched_tokens, replace(p.toggle, slack=SlackRule.ITERATION, chunked=True, laxity=True,
-                                  least_loaded=True),
-        p.max_seqs, name="tropical+"),
+    "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, _paper_toggle(p.toggle), p.max_seqs),
+    "tropical+": lambda p: TropicalPolicy(p.max_batched_tokens, plus_toggle(p.toggle), p.max_seqs,
+                                          name="tropical+"),
 }
 
 

@@ -52,8 +52,10 @@ from tropical.sched.worker import WorkerState
 @dataclass(frozen=True, slots=True)
 class ToggleParams:
     """The toggle's knobs: role split, KV watermark, slack rule, how deep to look for risk,
-    whether requests that will miss their TTFT even if started now yield their place, and
-    whether multiplexing workers take prompts in slack-sized chunks over several iterations,
+    whether requests that will miss their TTFT even if started now yield their place
+    (``demote_doomed``; None: the policy's default, off for the paper's toggle and on for
+    ``tropical+``, see ``registry``), and whether multiplexing workers take prompts in
+    slack-sized chunks over several iterations,
     and whether prefill queues are ordered by laxity (least TTFT slack first; under chunked
     multiplexing the multiplexing workers' queues too, where a chunk boundary lets an urgent
     prompt go ahead of one with slack to spare), and whether Path 1 takes the baselines'
@@ -67,15 +69,16 @@ class ToggleParams:
     it within its TTFT SLO, a burst; it may then stretch an iteration past the tightest TPOT SLO
     as long as every decode there still keeps tokens x TPOT SLO since its first token, the
     banked rule, while plain decodes keep the per-iteration rule), and how many prompt tokens a
-    prefill worker batches per iteration (``prefill_budget``; None: ``max_batched_tokens``; a
-    lone prompt may exceed it, so a small budget runs long prompts one at a time in queue order,
-    as the k-server bound does, and a short urgent prompt waits for one prompt, not a batch)."""
+    prefill worker batches per iteration (``prefill_budget``; None: the policy's default,
+    ``max_batched_tokens`` for the paper's toggle; a lone prompt may exceed it, so a small
+    budget runs long prompts one at a time in queue order, as the k-server bound does, and a
+    short urgent prompt waits for one prompt, not a batch)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
     slack: SlackRule = SlackRule.ITERATION
     lookahead: int = 64
-    demote_doomed: bool = False
+    demote_doomed: bool | None = None
     chunked: bool = False
     laxity: bool = False
     least_loaded: bool = False

@@ -28,7 +28,9 @@ PUBLISHED = {"chunked-512": "5787bd1fa8249636", "disagg": "0f909e859d288ca8",
 """Each request's (id, first token, finish, path) on 400 conversation requests at half rate, times
 to the microsecond, hashed: as measured before prefix caching existed (at 9d69b00, whose exact
 times hashed as they did then, these hashes were taken; booking decode runs lazily since moves
-the times in their last bits, never a decision)."""
+the times in their last bits, never a decision). ``tropical+`` as it was then: it has demoted
+doomed prompts and batched 1,024 prompt tokens per prefill iteration by default since."""
+AS_PUBLISHED: dict[str, Any] = {"demote_doomed": False, "prefill_batch_tokens": 4096}
 
 
 def _microseconds(t: float | None) -> float | None:
@@ -43,7 +45,8 @@ def fingerprint(result: SimResult) -> str:
 
 @pytest.mark.parametrize("policy", PUBLISHED)
 def test_with_the_cache_off_a_slice_reproduces_the_published_numbers(policy: str) -> None:
-    exp = experiment(SimConfig(limit=400, policy=policy, rate_scale=0.5, prefix_cache=False).with_preset())
+    config = SimConfig(limit=400, policy=policy, rate_scale=0.5, prefix_cache=False, **AS_PUBLISHED)
+    exp = experiment(config.with_preset())
     assert fingerprint(simulate(exp)) == PUBLISHED[policy]
 
 

@@ -39,7 +39,7 @@ BASELINES = (*PAPER_BASELINES, *CACHE_ROUTERS)
 TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
 CURVE_FLOOR = 0.05
-PLUS = {"chunked": True, "laxity": True, "least_loaded": True}
+PLUS: dict[str, object] = {"chunked": True, "laxity": True, "least_loaded": True}
 ABLATION: dict[str, dict[str, object]] = {
     "paper toggle (per-iteration slack)": {},
     "banked slack": {"slack": SlackRule.BANKED},

@@ -37,11 +37,13 @@ def doomed(req: Request, cost: float, now: float) -> bool:
 @dataclass(slots=True, eq=False)
 class QueueRisk:
     """One priced queue's at-risk prompts with its worker free from ``start`` (``late``, by
-    length then place), and those of them not doomed at ``since`` (``open``, same order)."""
+    length then place; ``in_place``, by place), and those of them not doomed at ``since``
+    (``open``, by length then place)."""
 
     priced: Priced
     start: float
     late: list[_Late]
+    in_place: list[_Late]
     open: list[_Late]
     since: float = -math.inf
 
@@ -53,8 +55,8 @@ class QueueRisk:
             clock += cost
             if clock - req.arrival > req.slo.ttft:
                 late.append((req.prompt_len, place, req, cost, clock))
-        late.sort(key=itemgetter(0))
-        return QueueRisk(priced, start, late, late)
+        by_length = sorted(late, key=itemgetter(0))
+        return QueueRisk(priced, start, by_length, late, by_length)
 
     def kept_for(self, priced: Priced, start: float) -> bool:
         """Does this still answer for ``priced`` with its worker free from ``start``? (An empty
@@ -99,7 +101,7 @@ class AtRisk(Generic[Owner]):
     def doomed(self) -> list[tuple[Request, Owner, float]]:
         """The doomed prompts, in scan order."""
         return [(e[2], owner, e[4]) for owner, risk in self.queues
-                for e in sorted(risk.late, key=itemgetter(1)) if doomed(e[2], e[3], self.now)]
+                for e in risk.in_place if doomed(e[2], e[3], self.now)]
 
     def _merged(self, lists: list[list[_Late]]) -> Iterator[tuple[_Late, Owner]]:
         """One list per queue, each by length then place, merged by length then queue (most

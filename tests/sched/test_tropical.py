@@ -293,3 +293,38 @@ def test_tropical_plus_with_demotion_serves_the_prompts_it_yields_last_and_only_
     assert yielded, "the burst should leave some prompts out of reach"
     assert all(r.finish is not None for r in requests)                  # yielded, never dropped
     assert all(r.first_token - r.arrival > r.slo.ttft for r in yielded)   # only doomed ones yield
+
+
+def _rounds(name: str, requests) -> list[list[tuple[int, bool]]]:
+    """Each iteration end's round: the prompts whose Path 2 price was weighed, in order, and
+    whether it was worth taking."""
+    policy = make_policy(name)
+    rounds: list[list[tuple[int, bool]]] = []
+    weigh, end = policy._worth, policy.on_iteration_end
+
+    def on_iteration_end(worker, now, workers):
+        rounds.append([])
+        try:
+            return end(worker, now, workers)
+        finally:
+            rounds.append(None)
+
+    def worth(req, done, finish):
+        verdict = weigh(req, done, finish)
+        if rounds and rounds[-1] is not None:
+            rounds[-1].append((req.id, verdict))
+        return verdict
+
+    policy.on_iteration_end, policy._worth = on_iteration_end, worth
+    Simulator(CLUSTER.build(policy), policy, requests).run()
+    return [r for r in rounds if r]
+
+
+def test_a_chunked_round_ends_at_the_first_prompt_path2_cannot_save():
+    """Under overload, many at-risk prompts would finish past their SLO on every multiplexing
+    worker: ``tropical+`` stops its round at the first (weighing on, this flood weighs others
+    after one in many rounds)."""
+    flood = bursty([(1500 + 300 * (i % 5), 20) for i in range(120)], gap=0.004)
+    plus = _rounds("tropical+", flood)
+    assert any(not ok for r in plus for _, ok in r), "the flood has prompts Path 2 cannot save"
+    assert all(ok for r in plus for _, ok in r[:-1])

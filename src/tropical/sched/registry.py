@@ -50,7 +50,7 @@ def _paper_toggle(toggle: ToggleParams) -> ToggleParams:
     return replace(toggle, demote_doomed=bool(toggle.demote_doomed))
 
 
-def plus_toggle(toggle: ToggleParams) -> ToggleParams:
+def _plus_toggle(toggle: ToggleParams) -> ToggleParams:
     """``tropical+``: chunked multiplexing, laxity order and the baselines' dispatch for Path 1,
     always; demotion of doomed prompts and 1,024-token prefill batches unless set otherwise."""
     demote = True if toggle.demote_doomed is None else toggle.demote_doomed
@@ -84,7 +84,7 @@ _FACTORIES: dict[str, Callable[[PolicyParams], Policy]] = {
                                                        p.toggle.num_prefill, p.max_seqs,
                                                        p.kv_overlap_weight),
     "tropical": lambda p: TropicalPolicy(p.max_batched_tokens, _paper_toggle(p.toggle), p.max_seqs),
-    "tropical+": lambda p: TropicalPolicy(p.max_batched_tokens, plus_toggle(p.toggle), p.max_seqs,
+    "tropical+": lambda p: TropicalPolicy(p.max_batched_tokens, _plus_toggle(p.toggle), p.max_seqs,
                                           name="tropical+"),
 }
 

@@ -252,8 +252,9 @@ class TropicalPolicy(Policy):
         needs KV) at least as much. Under chunked multiplexing with demotion so does the first
         that every worker would finish past its TTFT SLO: an overloaded cluster's queues then
         hold dozens of such prompts (without demotion they soon become doomed, and are left),
-        pricing each at every iteration end made a simulation three times as slow, and
-        stopping at the first measured no capacity lost (docs/overload.md). Doomed requests
+        pricing each at every iteration end took a quarter of a simulation's time at the
+        trace's full rate, and stopping at the first measured no capacity lost
+        (docs/overload.md). Doomed requests
         (they would miss their TTFT even if their prefill started right now, alone, so no path
         saves them) are tried by the paper's toggle, each after the others of its length;
         chunked multiplexing leaves them, and demotion lets them yield.

@@ -299,7 +299,7 @@ def _rounds(name: str, requests) -> list[list[tuple[int, bool]]]:
     """Each iteration end's round: the prompts whose Path 2 price was weighed, in order, and
     whether it was worth taking."""
     policy = make_policy(name)
-    rounds: list[list[tuple[int, bool]]] = []
+    rounds: list[list[tuple[int, bool]] | None] = []   # None: between rounds
     weigh, end = policy._worth, policy.on_iteration_end
 
     def on_iteration_end(worker, now, workers):
@@ -320,10 +320,10 @@ def _rounds(name: str, requests) -> list[list[tuple[int, bool]]]:
     return [r for r in rounds if r]
 
 
-def test_a_chunked_round_ends_at_the_first_prompt_path2_cannot_save():
+def test_a_demoting_round_ends_at_the_first_prompt_path2_cannot_save():
     """Under overload, many at-risk prompts would finish past their SLO on every multiplexing
-    worker: ``tropical+`` stops its round at the first (weighing on, this flood weighs others
-    after one in many rounds)."""
+    worker: ``tropical+`` (chunked multiplexing with demotion) stops its round at the first
+    (weighing on, this flood weighs others after one in many rounds)."""
     flood = bursty([(1500 + 300 * (i % 5), 20) for i in range(120)], gap=0.004)
     plus = _rounds("tropical+", flood)
     assert any(not ok for r in plus for _, ok in r), "the flood has prompts Path 2 cannot save"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.kv_router import OVERLAP_WEIGHT, KVRouterDisaggPolicy, KVRouterPolicy
@@ -50,12 +51,16 @@ def _paper_toggle(toggle: ToggleParams) -> ToggleParams:
     return replace(toggle, demote_doomed=bool(toggle.demote_doomed))
 
 
+PLUS_MECHANISMS: dict[str, Any] = {"chunked": True, "laxity": True, "least_loaded": True}
+"""What ``tropical+`` always adds to the paper's toggle (with the per-iteration slack rule)."""
+PLUS_DEFAULTS: dict[str, Any] = {"demote_doomed": True, "prefill_budget": PLUS_PREFILL_BUDGET}
+"""What ``tropical+`` adds unless its flags say otherwise."""
+
+
 def _plus_toggle(toggle: ToggleParams) -> ToggleParams:
-    """``tropical+``: chunked multiplexing, laxity order and the baselines' dispatch for Path 1,
-    always; demotion of doomed prompts and 1,024-token prefill batches unless set otherwise."""
-    demote = True if toggle.demote_doomed is None else toggle.demote_doomed
-    return replace(toggle, slack=SlackRule.ITERATION, chunked=True, laxity=True, least_loaded=True,
-                   demote_doomed=demote, prefill_budget=toggle.prefill_budget or PLUS_PREFILL_BUDGET)
+    """``tropical+``: ``PLUS_MECHANISMS`` always, each of ``PLUS_DEFAULTS`` where unset."""
+    unset = {k: v for k, v in PLUS_DEFAULTS.items() if getattr(toggle, k) is None}
+    return replace(toggle, slack=SlackRule.ITERATION, **PLUS_MECHANISMS, **unset)
 
 
 def _kv_router_name(size: int) -> str:

@@ -254,10 +254,10 @@ class TropicalPolicy(Policy):
         hold dozens of such prompts (without demotion they soon become doomed, and are left),
         pricing each at every iteration end took a quarter of a simulation's time at the
         trace's full rate, and stopping at the first measured no capacity lost
-        (docs/overload.md). Doomed requests
-        (they would miss their TTFT even if their prefill started right now, alone, so no path
-        saves them) are tried by the paper's toggle, each after the others of its length;
-        chunked multiplexing leaves them, and demotion lets them yield.
+        (docs/overload.md). Doomed requests (they would miss their TTFT even if their prefill
+        started right now, alone, so no path saves them) are tried by the paper's toggle, each
+        after the others of its length; chunked multiplexing leaves them, and demotion lets
+        them yield.
         """
         _, multiplex = self._split(workers)
         at_risk = self._watch.at_risk(self._kept.prefill_by_id, now)

@@ -21,7 +21,7 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import miss_cause
 from tropical.core.slo import SLOSpec
-from tropical.sched.registry import PLUS_PREFILL_BUDGET, PolicyParams
+from tropical.sched.registry import PLUS_DEFAULTS, PLUS_MECHANISMS, PLUS_PREFILL_BUDGET, PolicyParams
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
 from tropical.sim.ideal_cache import FURTHEST, LRU
@@ -39,7 +39,6 @@ BASELINES = (*PAPER_BASELINES, *CACHE_ROUTERS)
 TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
 CURVE_FLOOR = 0.05
-PLUS: dict[str, object] = {"chunked": True, "laxity": True, "least_loaded": True}
 ABLATION: dict[str, dict[str, object]] = {
     "paper toggle (per-iteration slack)": {},
     "banked slack": {"slack": SlackRule.BANKED},
@@ -47,17 +46,16 @@ ABLATION: dict[str, dict[str, object]] = {
     "chunked multiplexing": {"chunked": True},
     "chunked multiplexing + demotion": {"chunked": True, "demote_doomed": True},
     "chunked multiplexing + laxity order": {"chunked": True, "laxity": True},
-    "chunked multiplexing + laxity order, baselines' dispatch": PLUS,
-    "the same + roles both ways": {**PLUS, "flex": True},
-    "the same + demotion": {**PLUS, "demote_doomed": True},
-    "the same + demotion + 1,024-token prefill batches (tropical+)": {
-        **PLUS, "demote_doomed": True, "prefill_budget": PLUS_PREFILL_BUDGET},
-    "tropical+, cache-blind Path 1 dispatch": {**PLUS, "demote_doomed": True,
-                                               "prefill_budget": PLUS_PREFILL_BUDGET,
+    "chunked multiplexing + laxity order, baselines' dispatch": PLUS_MECHANISMS,
+    "the same + roles both ways": {**PLUS_MECHANISMS, "flex": True},
+    "the same + demotion": {**PLUS_MECHANISMS, "demote_doomed": True},
+    f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches (tropical+)": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS},
+    "tropical+, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
                                                "cache_aware": False},
 }
-"""Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` and
-beyond it."""
+"""Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` (the
+registry's ``PLUS_MECHANISMS`` and ``PLUS_DEFAULTS``) and beyond it."""
 PREDICTOR_BIAS = -0.2
 """Every prediction 20% short, as from a profile taken on a faster machine: the case that online
 correction exists for."""

@@ -82,18 +82,37 @@ queues_strategy = st.lists(
     min_size=1, max_size=3)
 
 
+def doom_times(queues: list[tuple[str, tuple, float]]) -> list[float]:
+    """Each queued prompt's last clock at which it is not doomed, as ``doomed`` computes it."""
+    return [req.arrival + req.slo.ttft - cost for _, priced, _ in queues for req, cost in priced]
+
+
+def test_doomed_leaves_out_prompts_that_yielded_when_their_queue_was_priced():
+    priced = queue([0.6, 0.6, 0.6], [0.5, 0.5, 0.5])           # all three doomed from 0.0 on
+    priced[1][0].yielded = True
+    risk = view([("a", priced, 0.0)], now=0.0)
+    assert [r.id for r, _, _ in risk.doomed()] == [0, 2]
+    assert risk.count == 3                                     # still at risk, still counted
+
+
 @settings(max_examples=300, deadline=None)
-@given(queues_strategy, st.floats(0.0, 50.0), st.floats(0.0, 5.0), st.floats(0.0, 30.0))
-def test_the_view_agrees_with_a_fresh_scan_sorted_by_length(items, now, wait, later):
+@given(queues_strategy, st.floats(0.0, 50.0), st.floats(0.0, 5.0), st.floats(0.0, 30.0),
+       st.lists(st.booleans(), max_size=36))
+def test_the_view_agrees_with_a_fresh_scan_sorted_by_length(items, now, wait, later, yielded):
     queues, first = [], 0
     for k, rows in enumerate(items):
         priced = queue([c for c, _, _ in rows], [t for _, t, _ in rows], [p for _, _, p in rows], first)
         queues.append((f"w{k}", priced, now + wait))
         first += len(rows)
+    requests = [req for _, priced, _ in queues for req, _ in priced]
+    for req, gave_way in zip(requests, yielded, strict=False):
+        req.yielded = gave_way
     kept = [(owner, QueueRisk.of(priced, start)) for owner, priced, start in queues]
-    for t in (now, now + later, now):                          # views kept across calls, time back too
+    edges = [t + nudge for t in doom_times(queues)[:2] for nudge in (-1e-9, 0.0, 1e-9)]
+    for t in (now, now + later, now, *edges):                  # views kept across calls, time back too
         risk = AtRisk(kept, t)
         hopeful, hopeless = exact_scan(queues, t)
         assert list(risk.shortest_first(doomed_too=False)) == by_length(hopeful)
         assert list(risk.shortest_first(doomed_too=True)) == by_length(hopeful + hopeless)
-        assert risk.doomed() == hopeless and risk.count == len(hopeful) + len(hopeless)
+        assert risk.doomed() == [h for h in hopeless if not h[0].yielded]
+        assert risk.count == len(hopeful) + len(hopeless)

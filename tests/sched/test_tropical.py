@@ -7,6 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.factories import linear_model, make_request, make_worker, start_decoding
+from tropical.config import SimConfig
 from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import summarize, tpot
 from tropical.core.request import PrefillPath
@@ -15,8 +16,10 @@ from tropical.models import load_model_spec
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget, largest_chunk
-from tropical.sched.tropical import ToggleParams
+from tropical.sched.tropical import ToggleParams, TropicalPolicy
+from tropical.sim.build import experiment
 from tropical.sim.cluster import ClusterSpec, WorkerSpec
+from tropical.sim.run import simulate as simulate_experiment
 from tropical.sim.simulator import Simulator
 
 REPLICA = ReplicaSpec(load_model_spec("llama-2-7b"), hardware("a100"), tp=1)
@@ -296,28 +299,27 @@ def test_tropical_plus_with_demotion_serves_the_prompts_it_yields_last_and_only_
 
 
 def _rounds(name: str, requests) -> list[list[tuple[int, bool]]]:
-    """Each iteration end's round: the prompts whose Path 2 price was weighed, in order, and
-    whether it was worth taking."""
+    """Each iteration end's round: the prompts it tried to move, in order, and whether it
+    moved each."""
     policy = make_policy(name)
-    rounds: list[list[tuple[int, bool]] | None] = []   # None: between rounds
-    weigh, end = policy._worth, policy.on_iteration_end
+    rounds: list[list[int]] = []
+    moves: list[set[int]] = []
+    end, sift = policy.on_iteration_end, policy._may_save
 
     def on_iteration_end(worker, now, workers):
         rounds.append([])
-        try:
-            return end(worker, now, workers)
-        finally:
-            rounds.append(None)
+        assignments = end(worker, now, workers)
+        moves.append({a.request.id for a in assignments if a.path is PrefillPath.MULTIPLEX})
+        return assignments
 
-    def worth(req, done, finish):
-        verdict = weigh(req, done, finish)
-        if rounds and rounds[-1] is not None:
-            rounds[-1].append((req.id, verdict))
-        return verdict
+    def may_save(req, workers, now, finish):
+        rounds[-1].append(req.id)
+        return sift(req, workers, now, finish)
 
-    policy.on_iteration_end, policy._worth = on_iteration_end, worth
+    policy.on_iteration_end, policy._may_save = on_iteration_end, may_save
     Simulator(CLUSTER.build(policy), policy, requests).run()
-    return [r for r in rounds if r]
+    return [[(rid, rid in moved) for rid in tried]
+            for tried, moved in zip(rounds, moves, strict=True) if tried]
 
 
 def test_a_demoting_round_ends_at_the_first_prompt_path2_cannot_save():
@@ -328,3 +330,26 @@ def test_a_demoting_round_ends_at_the_first_prompt_path2_cannot_save():
     plus = _rounds("tropical+", flood)
     assert any(not ok for r in plus for _, ok in r), "the flood has prompts Path 2 cannot save"
     assert all(ok for r in plus for _, ok in r[:-1])
+
+
+def test_a_demoting_round_decides_alike_without_pricing_the_checks_of_workers_not_worth_taking(monkeypatch):
+    """``_may_save`` leaves out, unchecked, the workers whose finish is not worth taking: the
+    rounds then decide exactly as when they check and price every worker of the shortlist (a
+    slice of the conversation trace past capacity, where rounds move dozens of prompts)."""
+    def outcomes() -> list[tuple]:
+        result = simulate_experiment(experiment(SimConfig(limit=300).with_preset()).with_policy("tropical+"))
+        return [(r.id, r.path, r.prefill_worker, r.decode_worker, r.first_token, r.finish)
+                for r in result.requests]
+
+    sifted, moved = outcomes(), []
+    rounds = TropicalPolicy._multiplex_at_risk
+
+    def counted(self, at_risk, multiplex, now):
+        moves = rounds(self, at_risk, multiplex, now)
+        moved.extend(moves)
+        return moves
+
+    monkeypatch.setattr(TropicalPolicy, "_multiplex_at_risk", counted)
+    monkeypatch.setattr(TropicalPolicy, "_may_save", lambda self, req, workers, now, finish: workers)
+    assert outcomes() == sifted
+    assert len(moved) > 20, "rounds should move prompts in this slice"

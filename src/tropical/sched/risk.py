@@ -34,17 +34,25 @@ def doomed(req: Request, cost: float, now: float) -> bool:
     return now + cost - req.arrival > req.slo.ttft
 
 
+DOOM_MARGIN = 1e-6
+"""Seconds by which a clock must precede a queue's first doom time for ``doomed`` to skip the
+queue unread (doom times are sums taken in another order than ``doomed``'s, so they may differ
+from its verdict in the last bits)."""
+
+
 @dataclass(slots=True, eq=False)
 class QueueRisk:
     """One priced queue's at-risk prompts with its worker free from ``start`` (``late``, by
-    length then place; ``in_place``, by place), and those of them not doomed at ``since``
-    (``open``, by length then place)."""
+    length then place), those of them that have not yielded (``in_place``, by place; none is
+    doomed before ``first_doom``), and those not doomed at ``since`` (``open``, by length then
+    place)."""
 
     priced: Priced
     start: float
     late: list[_Late]
     in_place: list[_Late]
     open: list[_Late]
+    first_doom: float
     since: float = -math.inf
 
     @classmethod
@@ -56,7 +64,17 @@ class QueueRisk:
             if clock - req.arrival > req.slo.ttft:
                 late.append((req.prompt_len, place, req, cost, clock))
         by_length = sorted(late, key=itemgetter(0))
-        return QueueRisk(priced, start, by_length, late, by_length)
+        unyielded = [e for e in late if not e[2].yielded]
+        first = min((e[2].arrival + e[2].slo.ttft - e[3] for e in unyielded), default=math.inf)
+        return QueueRisk(priced, start, by_length, unyielded, by_length, first)
+
+    def doomed_at(self, now: float) -> list[_Late]:
+        """The at-risk prompts that have not yielded and are doomed at ``now``, by place (at every
+        iteration end of every worker: under overload a queue holds hundreds that yielded, and
+        most ends find none newly doomed)."""
+        if now + DOOM_MARGIN < self.first_doom:
+            return []
+        return [e for e in self.in_place if doomed(e[2], e[3], now)]
 
     def kept_for(self, priced: Priced, start: float) -> bool:
         """Does this still answer for ``priced`` with its worker free from ``start``? (An empty
@@ -99,9 +117,8 @@ class AtRisk(Generic[Owner]):
             yield e[2], owner, e[4]
 
     def doomed(self) -> list[tuple[Request, Owner, float]]:
-        """The doomed prompts, in scan order."""
-        return [(e[2], owner, e[4]) for owner, risk in self.queues
-                for e in risk.in_place if doomed(e[2], e[3], self.now)]
+        """The doomed prompts that have not yielded (when their queue was priced), in scan order."""
+        return [(e[2], owner, e[4]) for owner, risk in self.queues for e in risk.doomed_at(self.now)]
 
     def _merged(self, lists: list[list[_Late]]) -> Iterator[tuple[_Late, Owner]]:
         """One list per queue, each by length then place, merged by length then queue (most

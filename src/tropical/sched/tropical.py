@@ -280,7 +280,7 @@ class TropicalPolicy(Policy):
         moves = []
         shortlists = Shortlists(self._kept)
         for req, source, finish in at_risk:
-            options = [(done, w.id, w) for w in shortlists.of(req)
+            options = [(done, w.id, w) for w in self._may_save(req, shortlists.of(req), now, finish)
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             if not options:
                 self._plan_checks(req, multiplex, plans, now, finish)
@@ -294,6 +294,28 @@ class TropicalPolicy(Policy):
             elif self.toggle.chunked and self.toggle.demote_doomed:
                 break
         return moves
+
+    def _may_save(self, req: Request, workers: list[WorkerState], now: float,
+                  path1_finish: float) -> list[WorkerState]:
+        """The ``workers`` on which Path 2 may be worth taking for ``req``. Under chunked
+        multiplexing with demotion a round ends at the first prompt whose best option is not
+        worth taking, so an option not worth taking is as good as none: a worker whose finish,
+        priced before the checks that may refuse the prompt (KV, seats, decode pace, the
+        promises to the prompts behind it), is not worth taking is left out unchecked. Most
+        prompts of an overloaded cluster's rounds are such (docs/overload.md); the checks were
+        most of their price."""
+        if not (self.toggle.chunked and self.toggle.demote_doomed) or self.toggle.burst:
+            return workers
+        return [w for w in workers if self._worth(req, self._unchecked_finish(req, w, now), path1_finish)]
+
+    def _unchecked_finish(self, req: Request, worker: WorkerState, now: float) -> float:
+        """``_chunked_finish`` before its checks (inf where no chunk fits)."""
+        nxt = self._next_of(worker, now)
+        chunk = self._chunk_of(worker, nxt, min(nxt.min_tpot, req.slo.tpot))
+        if chunk.tokens == 0:
+            return math.inf
+        lineup = self._lineup_of(worker, now)
+        return chunk.finish(worker, lineup.prefixes[lineup.place(req)].plus(req, worker), nxt.start)
 
     def _worth(self, req: Request, done: float, path1_finish: float) -> bool:
         """Is Path 2's predicted finish worth taking? The paper's toggle: sooner than Path 1.

@@ -384,10 +384,12 @@ class WorkerState:
     def _laxity_slot(self, req: Request) -> int:
         """Where ``req`` goes among the queued prompts (never ahead of the batch in flight):
         after every prompt with less or equal slack. New prompts mostly have the most slack, so
-        the scan from the back is short."""
+        the scan from the back passes few but those that yielded (at the back: they have none)."""
         key = self.latest_start(req)
         slot = len(self.waiting)
-        while slot > self.batch_prefills and self.latest_start(self.waiting[slot - 1]) > key:
+        for queued in reversed(self.waiting):  # not waiting[slot - 1]: indexing a deque walks it
+            if slot <= self.batch_prefills or self.latest_start(queued) <= key:
+                break
             slot -= 1
         return slot
 

@@ -304,7 +304,7 @@ def _rounds(name: str, requests) -> list[list[tuple[int, bool]]]:
     policy = make_policy(name)
     rounds: list[list[int]] = []
     moves: list[set[int]] = []
-    end, sift = policy.on_iteration_end, policy._may_save
+    end, choose = policy.on_iteration_end, policy._best_option
 
     def on_iteration_end(worker, now, workers):
         rounds.append([])
@@ -312,11 +312,12 @@ def _rounds(name: str, requests) -> list[list[tuple[int, bool]]]:
         moves.append({a.request.id for a in assignments if a.path is PrefillPath.MULTIPLEX})
         return assignments
 
-    def may_save(req, workers, now, finish):
-        rounds[-1].append(req.id)
-        return sift(req, workers, now, finish)
+    def best_option(req, workers, plans, now, worth_by):
+        if len(rounds) > len(moves):                   # in a round, not an arrival
+            rounds[-1].append(req.id)
+        return choose(req, workers, plans, now, worth_by)
 
-    policy.on_iteration_end, policy._may_save = on_iteration_end, may_save
+    policy.on_iteration_end, policy._best_option = on_iteration_end, best_option
     Simulator(CLUSTER.build(policy), policy, requests).run()
     return [[(rid, rid in moved) for rid in tried]
             for tried, moved in zip(rounds, moves, strict=True) if tried]
@@ -332,24 +333,31 @@ def test_a_demoting_round_ends_at_the_first_prompt_path2_cannot_save():
     assert all(ok for r in plus for _, ok in r[:-1])
 
 
-def test_a_demoting_round_decides_alike_without_pricing_the_checks_of_workers_not_worth_taking(monkeypatch):
-    """``_may_save`` leaves out, unchecked, the workers whose finish is not worth taking: the
-    rounds then decide exactly as when they check and price every worker of the shortlist (a
-    slice of the conversation trace past capacity, where rounds move dozens of prompts)."""
+def _every_option(policy, req, workers, plans, now, worth_by):
+    """``_best_option`` as it was: every worker priced in full, checks and all."""
+    options = [(done, w.id, w) for w in workers
+               if (done := policy._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
+    return min(options) if options else None
+
+
+@pytest.mark.parametrize(("workers", "demote", "scale"),
+                         [(None, True, 1.0), (None, False, 1.0), (32, True, 8.0)])
+def test_tropical_plus_decides_alike_pricing_in_full_only_the_worker_it_takes(monkeypatch, workers, demote,
+                                                                             scale):
+    """``_best_option`` checks workers in the order of their finish priced before the checks,
+    and stops at the first that takes the prompt (or whose finish is not worth taking): the
+    arrivals and the rounds then decide exactly as when they price every worker of the
+    shortlist in full (a slice of the conversation trace past capacity on the paper's cluster,
+    where dozens of prompts are multiplexed, and on 32 workers at 8x its rate, whose
+    shortlists are longer)."""
     def outcomes() -> list[tuple]:
-        result = simulate_experiment(experiment(SimConfig(limit=300).with_preset()).with_policy("tropical+"))
+        cfg = replace(SimConfig(limit=300).with_preset(), demote_doomed=demote)
+        cfg = cfg if workers is None else replace(cfg, workers=workers)
+        result = simulate_experiment(experiment(cfg).with_policy("tropical+").at_rate(scale))
         return [(r.id, r.path, r.prefill_worker, r.decode_worker, r.first_token, r.finish)
                 for r in result.requests]
 
-    sifted, moved = outcomes(), []
-    rounds = TropicalPolicy._multiplex_at_risk
-
-    def counted(self, at_risk, multiplex, now):
-        moves = rounds(self, at_risk, multiplex, now)
-        moved.extend(moves)
-        return moves
-
-    monkeypatch.setattr(TropicalPolicy, "_multiplex_at_risk", counted)
-    monkeypatch.setattr(TropicalPolicy, "_may_save", lambda self, req, workers, now, finish: workers)
-    assert outcomes() == sifted
-    assert len(moved) > 20, "rounds should move prompts in this slice"
+    chosen = outcomes()
+    monkeypatch.setattr(TropicalPolicy, "_best_option", _every_option)
+    assert outcomes() == chosen
+    assert sum(path is PrefillPath.MULTIPLEX for _, path, *_ in chosen) > 20

@@ -48,16 +48,24 @@ class Path2Prices:
         """The kept price of ``req`` on ``worker`` if it still holds, else ``compute()``'s. A price
         is kept only while the worker is busy at ``now``: an idle worker starts its next
         iteration at the decision's clock, so its price moves with it."""
+        kept = self.kept(req, worker, now)
+        if kept is not None:
+            return kept.finish
+        finish = compute()
+        if worker.busy_until > now:
+            if len(self._kept) >= KEPT:
+                self._kept = {}
+            self._kept[(req.id, worker.id)] = _Price(worker, worker.edits, req.computed,
+                                                     req.prefill_worker, req.yielded, finish)
+        return finish
+
+    def kept(self, req: Request, worker: WorkerState, now: float) -> _Price | None:
+        """The price of ``req`` on ``worker`` kept from an earlier decision, if it still holds."""
         if worker.busy_until <= now:  # read first: it books a lazy decode run's iterations
-            return compute()
-        key = (req.id, worker.id)
-        kept = self._kept.get(key)
+            return None
+        kept = self._kept.get((req.id, worker.id))
         if (kept is not None and kept.worker is worker and kept.edits == worker.edits
                 and kept.computed == req.computed and kept.source == req.prefill_worker
                 and kept.yielded == req.yielded):
-            return kept.finish
-        finish = compute()
-        if len(self._kept) >= KEPT:
-            self._kept = {}
-        self._kept[key] = _Price(worker, worker.edits, req.computed, req.prefill_worker, req.yielded, finish)
-        return finish
+            return kept
+        return None

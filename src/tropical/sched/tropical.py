@@ -229,11 +229,9 @@ class TropicalPolicy(Policy):
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
                                first_token=finish)]
-        options = [(done, w.id, w) for w in Shortlists(self._kept).of(req)
-                   if (done := self._multiplex_finish(req, w, None, now)) is not None
-                   and self._worth(req, done, finish)]
-        if options:
-            done, _, target = min(options)
+        option = self._best_option(req, Shortlists(self._kept).of(req), {}, now, finish)
+        if option is not None and self._worth(req, option[0], finish):
+            done, _, target = option
             return [self._multiplexed(req, target, finish, done)]
         if best is None:
             return [self._no_prefill_worker(req, multiplex)]
@@ -280,12 +278,12 @@ class TropicalPolicy(Policy):
         moves = []
         shortlists = Shortlists(self._kept)
         for req, source, finish in at_risk:
-            options = [(done, w.id, w) for w in self._may_save(req, shortlists.of(req), now, finish)
-                       if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
-            if not options:
+            option = self._best_option(req, shortlists.of(req), plans, now,
+                                       finish if self.toggle.demote_doomed else None)
+            if option is None:
                 self._plan_checks(req, multiplex, plans, now, finish)
                 break
-            done, _, target = min(options)
+            done, _, target = option
             if self._worth(req, done, finish):
                 plans[target.id] = (plans.get(target.id) or self._queued_of(target, now)).plus(req, target)
                 self._queue_of(target, now).append(req)
@@ -295,18 +293,36 @@ class TropicalPolicy(Policy):
                 break
         return moves
 
-    def _may_save(self, req: Request, workers: list[WorkerState], now: float,
-                  path1_finish: float) -> list[WorkerState]:
-        """The ``workers`` on which Path 2 may be worth taking for ``req``. Under chunked
-        multiplexing with demotion a round ends at the first prompt whose best option is not
-        worth taking, so an option not worth taking is as good as none: a worker whose finish,
-        priced before the checks that may refuse the prompt (KV, seats, decode pace, the
-        promises to the prompts behind it), is not worth taking is left out unchecked. Most
-        prompts of an overloaded cluster's rounds are such (docs/overload.md); the checks were
-        most of their price."""
-        if not (self.toggle.chunked and self.toggle.demote_doomed) or self.toggle.burst:
-            return workers
-        return [w for w in workers if self._worth(req, self._unchecked_finish(req, w, now), path1_finish)]
+    def _best_option(self, req: Request, workers: list[WorkerState], plans: dict[int, Pending],
+                     now: float, worth_by: float | None) -> tuple[float, int, WorkerState] | None:
+        """The earliest Path 2 finish for ``req`` among ``workers`` that may take it, with the
+        worker (ties by id), or None if none may; given ``worth_by`` (a Path 1 finish), also
+        None when that finish is not worth taking. Under chunked multiplexing (its slack not
+        banked) a worker that takes a prompt finishes it exactly when priced before the checks
+        that may refuse it (KV, seats, decode pace, the promises to the prompts behind it), so
+        workers are checked in the order of that finish and only up to the first that takes
+        it: a thousand workers' arrivals priced every worker of the shortlist in full, and an
+        overloaded cluster's rounds prompts no worker would take in time."""
+        if not self.toggle.chunked or self.toggle.burst:
+            options = [(done, w.id, w) for w in workers
+                       if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
+            return min(options) if options else None
+        for finish, _, worker in sorted((self._first_look(req, w, plans, now), w.id, w) for w in workers):
+            if worth_by is not None and not self._worth(req, finish, worth_by):
+                return None
+            done = self._multiplex_finish(req, worker, plans.get(worker.id), now)
+            if done is not None:
+                return done, worker.id, worker
+        return None
+
+    def _first_look(self, req: Request, worker: WorkerState, plans: dict[int, Pending], now: float) -> float:
+        """``req``'s finish on ``worker`` before the checks: its kept price where one holds
+        (inf if the worker refused it), else ``_unchecked_finish``."""
+        if worker.id not in plans and not worker.learns:
+            kept = self._prices.kept(req, worker, now)
+            if kept is not None:
+                return math.inf if kept.finish is None else kept.finish
+        return self._unchecked_finish(req, worker, now)
 
     def _unchecked_finish(self, req: Request, worker: WorkerState, now: float) -> float:
         """``_chunked_finish`` before its checks (inf where no chunk fits)."""

@@ -301,8 +301,8 @@ class TropicalPolicy(Policy):
         banked) a worker that takes a prompt finishes it exactly when priced before the checks
         that may refuse it (KV, seats, decode pace, the promises to the prompts behind it), so
         workers are checked in the order of that finish and only up to the first that takes
-        it: a thousand workers' arrivals priced every worker of the shortlist in full, and an
-        overloaded cluster's rounds prompts no worker would take in time."""
+        it (pricing every worker in full was most of the cost of a thousand workers' arrivals,
+        and of an overloaded cluster's rounds over prompts that no worker would take in time)."""
         if not self.toggle.chunked or self.toggle.burst:
             options = [(done, w.id, w) for w in workers
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]

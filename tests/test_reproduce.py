@@ -30,6 +30,7 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     assert 0 < result["pooled_bound_rps"] <= result["bound_rps"]    # the trace's bursts kept
     assert 0 < result["kserver_bound_rps"] <= result["bound_rps"]   # each prompt on one worker
     assert set(result["prefix_hit_rate"]) == policies                # the cache is on by default
+    assert result["host_kv"] == 0                                      # with no host tier under it
     ideal = result["ideal_prefix_hit_rate"]["infinite"]
     assert all(0 <= h <= ideal for h in result["prefix_hit_rate"].values())
     ideal_bounds = result["ideal_cache_bound_rps"]
@@ -80,8 +81,10 @@ def test_reproduce_runs_a_length_only_file_trace_at_a_given_rate(tmp_path, capsy
     trace.write_text("num_prefill_tokens,num_decode_tokens\n"
                      + "".join(f"{500 + 613 * i % 3000},{20 + 7 * i % 200}\n" for i in range(100)))
     code = main(["reproduce", "--trace", str(trace), "--rate", "2", "--sensitivity-limit", "40",
-                 "--out", str(tmp_path / "rep"), "--json"])
+                 "--host-kv", "2", "--out", str(tmp_path / "rep"), "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert all(c > 0 for c in result["capacity_rps"].values())
-    assert "lengths" in (tmp_path / "rep" / "report.md").read_text()
+    assert result["host_kv"] == 2
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "lengths" in report and "host memory 2x its KV pool" in report

@@ -92,6 +92,9 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
              "limit": "first N requests of the trace",
              "prefix_cache": "on (default, as vLLM): each worker reuses the prompt prefixes it "
                              "computed (the trace's hash_ids); off: every prompt is computed whole",
+             "host_kv": "host memory for each worker's prefix cache, as a multiple of its KV pool "
+                        "(0, the default: none; 10: blocks evicted from the pool stay in ten times as "
+                        "much host memory and load back over PCIe, as LMCache or vLLM's CPU offloading)",
              "tbt_scale": TBT_SCALE_HELP,
              "predictor_bias": "systematic relative error of every prediction, e.g. -0.2: the "
                                "policy expects iterations 20%% faster than they run",

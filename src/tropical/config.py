@@ -143,6 +143,7 @@ class SimConfig(PolicyConfig):
     predictor_noise: float = 0.0
     predictor_bias: float = 0.0
     prefix_cache: bool = True
+    host_kv: float = 0.0
 
     def with_preset(self) -> SimConfig:
         if self.cluster not in PRESETS:

@@ -27,7 +27,7 @@ def test_h100_is_faster_than_a100() -> None:
 
 
 def test_unknown_gpu_names_the_calibrated_ones() -> None:
-    b200 = HardwareSpec("b200", 2.25e15, 192 * 2**30, 8e12, 900e9)
+    b200 = HardwareSpec("b200", 2.25e15, 192 * 2**30, 8e12, 900e9, 63e9)
     with pytest.raises(ValueError, match=r"'b200'.*a100-80gb, h100-80gb"):
         load_roofline(ReplicaSpec(SPEC, b200))
 

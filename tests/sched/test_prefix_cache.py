@@ -212,12 +212,17 @@ def assert_consistent(worker: WorkerState, live: dict[int, Request]) -> None:
                for rid, held in cache.refs.items())
     for rid, blocks in worker.holds.items():
         assert blocks * kv.block_size + cache.held_tokens(live[rid]) >= worker.kv_tokens_needed(live[rid])
+    assert not set(cache.host) & set(cache.entries), "a block in both tiers"
+    assert cache.host_blocks == sum(cache.host.values()) <= cache.host_capacity
 
 
+@pytest.mark.parametrize("host", [0, 48], ids=["pool only", "host tier"])
 @settings(max_examples=300, deadline=None)
-@given(STEPS)
-def test_kv_accounting_holds_under_any_sequence_of_requests(steps: list[Step]) -> None:
+@given(steps=STEPS)
+def test_kv_accounting_holds_under_any_sequence_of_requests(host: int, steps: list[Step]) -> None:
     worker = cached_worker(kv_tokens=32 * 16)
+    if host:
+        worker.add_host_tier(host, 1e-6)
     live: dict[int, Request] = {}
     for rid, (op, prompt, output, label, flag) in enumerate(steps):
         if op in ("arrive", "migrate"):

@@ -13,8 +13,10 @@ import pytest
 
 from tests.factories import linear_cluster
 from tropical.config import SimConfig
+from tropical.core.metrics import ttft
 from tropical.core.request import Request
 from tropical.core.slo import SLO
+from tropical.core.specs import ReplicaSpec
 from tropical.sched.kv import KVPool
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.registry import make_policy
@@ -51,8 +53,9 @@ def test_with_the_cache_off_a_slice_reproduces_the_published_numbers(policy: str
 
 
 def conversation(policy: str, limit: int = 1500, kv_tokens: int | None = None,
-                 prefix_cache: bool = True) -> Experiment:
-    exp = experiment(SimConfig(limit=limit, policy=policy, prefix_cache=prefix_cache).with_preset())
+                 prefix_cache: bool = True, host_kv: float = 0.0) -> Experiment:
+    exp = experiment(SimConfig(limit=limit, policy=policy, prefix_cache=prefix_cache,
+                               host_kv=host_kv).with_preset())
     if kv_tokens is None:
         return exp
     workers = tuple(replace(w, kv_tokens=kv_tokens) for w in exp.cluster.workers)
@@ -60,8 +63,9 @@ def conversation(policy: str, limit: int = 1500, kv_tokens: int | None = None,
 
 
 @cache
-def run(policy: str, kv_tokens: int | None = None, prefix_cache: bool = True) -> SimResult:
-    return simulate(conversation(policy, kv_tokens=kv_tokens, prefix_cache=prefix_cache))
+def run(policy: str, kv_tokens: int | None = None, prefix_cache: bool = True,
+        host_kv: float = 0.0) -> SimResult:
+    return simulate(conversation(policy, kv_tokens=kv_tokens, prefix_cache=prefix_cache, host_kv=host_kv))
 
 
 def infinite_cache_hits(entries: tuple[TraceEntry, ...], block_size: int = 16) -> list[int]:
@@ -85,6 +89,7 @@ def test_hits_stay_within_the_infinite_cache_share() -> None:
     share = sum(infinite_cache_hits(entries)) / sum(e.input_len for e in entries)
     for policy in ("chunked-512", "kv-router"):
         assert 0 < run(policy).summary.prefix_hit_rate <= share
+        assert 0 < run(policy, host_kv=10).summary.prefix_hit_rate <= share
 
 
 def test_a_colocated_request_hits_at_most_what_earlier_arrivals_computed() -> None:
@@ -101,6 +106,28 @@ def test_the_kv_router_hits_more_than_cache_blind_chunked_prefill() -> None:
 def test_a_larger_kv_never_lowers_the_hit_rate() -> None:
     assert (run("chunked-512", kv_tokens=2_000_000).summary.prefix_hit_rate
             >= run("chunked-512", kv_tokens=200_000).summary.prefix_hit_rate)
+
+
+def test_host_memory_never_lowers_the_hit_rate_and_serves_hits_the_pool_lost() -> None:
+    alone, with_host = run("kv-router"), run("kv-router", host_kv=10)
+    assert with_host.summary.prefix_hit_rate > alone.summary.prefix_hit_rate
+    assert with_host.host_load_rate > 0 == alone.host_load_rate
+    assert with_host.as_dict()["host_kv"] == 10 and with_host.as_dict()["host_load_rate"] > 0
+
+
+def test_loads_from_host_memory_lengthen_the_iterations_that_wait_for_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = simulate(conversation("chunked-512", limit=300, host_kv=10))
+    monkeypatch.setattr(ReplicaSpec, "host_load_seconds_per_token", property(lambda spec: 1e-3))
+    slow = simulate(conversation("chunked-512", limit=300, host_kv=10))
+    assert slow.host_load_rate > 0
+    assert sum(map(ttft, slow.requests)) > sum(map(ttft, fast.requests)) + 1.0
+
+
+@pytest.mark.parametrize("setting", [{"host_kv": -1.0}, {"host_kv": 2.0, "prefix_cache": False}])
+def test_a_host_tier_needs_a_size_of_at_least_zero_and_the_prefix_cache(setting: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="--host-kv"):
+        experiment(SimConfig(limit=10, **setting).with_preset())
 
 
 def test_with_the_cache_off_nothing_hits() -> None:
@@ -158,10 +185,13 @@ def watch_pools(monkeypatch: pytest.MonkeyPatch) -> PoolWatch:
     return watch
 
 
+@pytest.mark.parametrize("host_kv", [0.0, 4.0], ids=["pool only", "host tier"])
 @pytest.mark.parametrize("policy", ["chunked-512", "disagg", "kv-router-disagg", "tropical+"])
-def test_the_cache_never_lets_kv_in_use_exceed_capacity(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_never_lets_kv_in_use_exceed_capacity(policy: str, host_kv: float,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     watch = watch_pools(monkeypatch)
-    result = simulate(conversation(policy, limit=600, kv_tokens=60_000))
+    result = simulate(conversation(policy, limit=600, kv_tokens=60_000, host_kv=host_kv))
+    assert (result.host_load_rate > 0) == bool(host_kv)
     assert watch.evicted > 0 and len(watch.pools) == 4
     failed = {q.id for q in result.requests if q.error}
     for pool in watch.pools.values():

@@ -99,24 +99,27 @@ def _max_context(config: dict[str, Any]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class HardwareSpec:
-    """One accelerator: dense half-precision peak, memory size and bandwidth, and its link."""
+    """One accelerator: dense half-precision peak, memory size and bandwidth, its link to other
+    GPUs, and its link to host memory (PCIe, one direction: what a host-memory KV tier loads
+    over)."""
 
     name: str
     peak_flops: float
     hbm_bytes: float
     hbm_bandwidth: float
     link_bandwidth: float
+    host_bandwidth: float
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth"):
+        for name in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "link_bandwidth", "host_bandwidth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"hardware {self.name!r}: {name} must be positive")
 
 
 A100_80GB = HardwareSpec("a100-80gb", peak_flops=312e12, hbm_bytes=80 * GIB,
-                         hbm_bandwidth=2.039e12, link_bandwidth=300e9)
+                         hbm_bandwidth=2.039e12, link_bandwidth=300e9, host_bandwidth=31.5e9)
 H100_80GB = HardwareSpec("h100-80gb", peak_flops=989e12, hbm_bytes=80 * GIB,
-                         hbm_bandwidth=3.35e12, link_bandwidth=450e9)
+                         hbm_bandwidth=3.35e12, link_bandwidth=450e9, host_bandwidth=63e9)
 HARDWARE: dict[str, HardwareSpec] = {hw.name: hw for hw in (A100_80GB, H100_80GB)}
 
 
@@ -158,3 +161,9 @@ class ReplicaSpec:
     @property
     def kv_capacity_tokens(self) -> int:
         return int(self.kv_capacity_bytes // self.model.kv_bytes_per_token)
+
+    @property
+    def host_load_seconds_per_token(self) -> float:
+        """Time to load one token's KV from host memory, every GPU of the replica loading its
+        shard over its own PCIe link at the link's rate."""
+        return self.model.kv_bytes_per_token / (self.tp * self.gpu.host_bandwidth)

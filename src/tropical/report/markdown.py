@@ -387,6 +387,9 @@ def write_report(rep: Reproduction, out: Path) -> Path:
                "hash_ids, least recently freed evicted first); the work and pooled bounds assume one "
                "ideal cluster-wide cache in which every reusable prefix hits. "
                if exp.prefix_cache else "Every prompt is computed whole (`--prefix-cache off`). ")
+            + (f"Under each worker's cache, host memory {exp.host_kv:g}x its KV pool keeps the blocks "
+               "the pool evicts, loaded back over PCIe when a prompt reuses them (`--host-kv`). "
+               if exp.host_kv else "")
             + "Regenerate with `tropical reproduce`.\n")
     parts = [head, capacity_section(rep), prefix_section(rep), paper_setting_section(rep),
              deferral_section(rep), common_rate_section(rep), overload_section(rep), analysis_section(rep)]

@@ -23,12 +23,14 @@ class Batch:
     """One iteration's work on one worker (one or two per iteration: a written constructor,
     see BatchShape). ``held``: a multiplexed prompt waits only until a decode that is behind its
     TPOT SLO catches up, so the next iteration may differ though no request finishes or
-    arrives (a substrate must form it afresh)."""
+    arrives (a substrate must form it afresh). ``loaded``: tokens of KV the worker loads from
+    host memory before the iteration can run (its prefix cache's host tier)."""
 
     prefills: list[tuple[Request, int, int]]
     decode_count: int
     decode_context: int
     held: bool
+    loaded: int
 
     def __init__(self, prefills: list[tuple[Request, int, int]], decode_count: int = 0,
                  decode_context: int = 0, held: bool = False) -> None:
@@ -36,6 +38,7 @@ class Batch:
         self.decode_count = decode_count
         self.decode_context = decode_context
         self.held = held
+        self.loaded = 0
 
     @property
     def shape(self) -> BatchShape:
@@ -58,6 +61,7 @@ def form_batch(worker: WorkerState, now: float = 0.0) -> Batch:
     """
     batch = _guard_tpot(worker, _compose(worker), now)
     worker.start_prefills([(req, new) for req, new, _ in batch.prefills])
+    batch.loaded = worker.take_loads()
     return batch
 
 
@@ -84,6 +88,7 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
     limit = _tpot_limit(worker, batch, now, rule)
     if limit is None:
         return batch
+    limit -= worker.loads_pending() * worker.host_load_s     # the iteration waits for them too
     shape = BatchShape.decode(batch.decode_count, batch.decode_context)
     for i, (req, new, cached) in enumerate(batch.prefills):
         stretched = shape.plus_prefill(new, cached)

@@ -352,6 +352,8 @@ class Cluster:
                                                old.kv.block_size, old.latency, old.kv.cache is not None,
                                                directory)
         self.workers[worker_id].lag = old.lag
+        if old.kv.cache is not None and old.kv.cache.host_capacity:
+            self.workers[worker_id].add_host_tier(old.kv.cache.host_capacity, old.host_load_s)
         if self.index is not None:
             self.index.watch(self.workers[worker_id])
         self.policy.roster_changed()

@@ -62,6 +62,8 @@ class KVPool:
         if self.cache is None:
             return 0
         self.used_blocks += self.cache.pin(req)
+        if self.cache.host_capacity:         # blocks loaded from host memory take room
+            self.cache.evict(self.used_blocks + self.cache.free_blocks - self.capacity_blocks)
         return self.held_tokens(req)
 
     def store(self, req: Request, tokens: int) -> int:

@@ -7,6 +7,12 @@ references stay cached, count as free, and are evicted least recently freed firs
 tail before its head, as vLLM frees them), only when room is needed. A key covers ``prefix_block``
 tokens, a whole number of the worker's KV blocks; only its full KV blocks are cached.
 
+With a host-memory tier (``host_capacity`` blocks: LMCache, vLLM's CPU offloading, Mooncake's
+store), a block evicted from the KV pool moves there instead of being lost, itself evicted least
+recently stored first; a request whose cached run reaches into it loads those blocks back into
+the pool when it references them (``loaded_blocks`` counts them: the worker prices the load).
+The tiers are exclusive: a key is in the pool or in host memory, never both.
+
 Pure bookkeeping in blocks: ``KVPool`` owns the counts of used and free blocks and asks this
 cache which blocks a request shares and which it may evict. Keys are typed ``Hashable``, not
 ``int``: compiled, an ``int`` read from the prompt is unboxed and boxed anew (an allocation) at
@@ -15,7 +21,7 @@ every dict and list it passes through, where an object is handed on as it is.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
@@ -89,11 +95,16 @@ class PrefixCache:
     ``evictions`` counts keys that left: until one does, a run found earlier can only grow, so a
     lookup goes on from its last walk instead of starting over (and, while ``stores``, the keys
     that entered, stays the same, has nothing to walk). A ``directory`` shared by the fleet
-    learns which keys enter and leave here, as worker ``owner``'s."""
+    learns which keys enter and leave here, as worker ``owner``'s (a key in host memory is
+    still here). ``host`` holds the host tier's keys and their KV blocks, oldest first."""
 
     block_size: int
     directory: PrefixDirectory | None = None
     owner: int = 0
+    host_capacity: int = 0
+    host: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
+    host_blocks: int = 0
+    loaded_blocks: int = 0
     entries: dict[Hashable, CachedBlock] = field(default_factory=dict)
     freed_runs: deque[FreedRun] = field(default_factory=deque)
     refs: dict[int, list[Hashable]] = field(default_factory=dict)
@@ -135,13 +146,35 @@ class PrefixCache:
         entries = self.entries
         while run.keys < len(prefix):
             entry = entries.get(prefix[run.keys])
-            if entry is None:
+            blocks = self._host_blocks(prefix[run.keys]) if entry is None else entry.blocks
+            if blocks < 0:
                 return
             run.keys += 1
-            run.blocks += entry.blocks
-            if entry.blocks < whole:
+            run.blocks += blocks
+            if blocks < whole:
                 break
         run.ended = True
+
+    def _host_blocks(self, key: Hashable) -> int:
+        """KV blocks of ``key`` in the host tier (-1: not there)."""
+        return self.host.get(key, -1) if self.host_blocks else -1
+
+    def host_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req``'s cached run that a reference here would load from host
+        memory."""
+        tokens = 0
+        whole = req.prefix_block // self.block_size
+        prefix: tuple[Hashable, ...] = req.prefix
+        for key in prefix:
+            entry = self.entries.get(key)
+            blocks = self._host_blocks(key) if entry is None else entry.blocks
+            if blocks < 0:
+                break
+            if entry is None:
+                tokens += blocks * self.block_size
+            if blocks < whole:
+                break
+        return tokens
 
     def unreferenced_run(self, req: Request) -> int:
         """KV blocks of ``req``'s cached run that no request references (referencing them
@@ -151,17 +184,18 @@ class PrefixCache:
         prefix: tuple[Hashable, ...] = req.prefix
         for key in prefix:
             entry = self.entries.get(key)
-            if entry is None:
+            held = self._host_blocks(key) if entry is None else entry.blocks
+            if held < 0:
                 break
-            if entry.refs == 0:
-                blocks += entry.blocks
-            if entry.blocks < whole:
+            if entry is None or entry.refs == 0:
+                blocks += held
+            if held < whole:
                 break
         return blocks
 
     def pin(self, req: Request) -> int:
         """Reference ``req``'s cached run for as long as it stays here; returns the KV blocks
-        that were free (unreferenced) and are now used."""
+        that were free (unreferenced, or in host memory: loaded back) and are now used."""
         keys = self.refs.setdefault(req.id, [])
         whole = req.prefix_block // self.block_size
         revived = 0
@@ -169,12 +203,25 @@ class PrefixCache:
         for key in prefix[len(keys):]:
             entry = self.entries.get(key)
             if entry is None:
+                entry = self._load(key)
+            if entry is None:
                 break
             revived += self._reference(req, entry)
             keys.append(key)
             if entry.blocks < whole:
                 break
         return revived
+
+    def _load(self, key: Hashable) -> CachedBlock | None:
+        """Bring ``key`` back from host memory as an unreferenced cached block (None: not there)."""
+        if not self.host_blocks or key not in self.host:
+            return None
+        blocks = self.host.pop(key)
+        self.host_blocks -= blocks
+        self.loaded_blocks += blocks
+        self.free_blocks += blocks
+        entry = self.entries[key] = CachedBlock(blocks)
+        return entry
 
     def _reference(self, req: Request, entry: CachedBlock) -> int:
         """``req`` references ``entry``; returns its blocks if nobody did (now used, not free)."""
@@ -207,7 +254,12 @@ class PrefixCache:
                 break
             key = prefix[i]
             entry = entries.get(key)
-            if entry is None:
+            if entry is None and self.host_blocks and key in self.host:
+                self.host_blocks -= self.host.pop(key)   # computed anew: its host copy goes
+                entry = entries[key] = CachedBlock(blocks, 1)
+                new += blocks
+                self.stores += 1
+            elif entry is None:
                 entries[key] = CachedBlock(blocks, 1)
                 if self.directory is not None:
                     self.directory.add(key, self.owner)
@@ -277,16 +329,31 @@ class PrefixCache:
                 if entry is None or entry.refs or entry.freed != mark:
                     continue
                 del entries[key]
-                if directory is not None:
-                    directory.remove(key, self.owner)
                 self.free_blocks -= entry.blocks
                 blocks -= entry.blocks
+                if self.host_capacity:
+                    self._offload(key, entry.blocks)
+                    continue
+                if directory is not None:
+                    directory.remove(key, self.owner)
                 self.evictions += 1
             if not keys:
                 runs.popleft()
 
+    def _offload(self, key: Hashable, blocks: int) -> None:
+        """``key`` left the KV pool for host memory, whose least recently stored keys leave
+        for good while it holds more than its capacity."""
+        self.host[key] = blocks
+        self.host_blocks += blocks
+        while self.host_blocks > self.host_capacity:
+            gone, size = self.host.popitem(last=False)
+            self.host_blocks -= size
+            if self.directory is not None:
+                self.directory.remove(gone, self.owner)
+            self.evictions += 1
+
     def clear(self) -> None:
-        """Forget every unreferenced cached block."""
+        """Evict every unreferenced cached block (to host memory where there is a tier)."""
         self.evict(self.free_blocks)
 
     def forget(self, keys: Iterable[int]) -> list[int]:

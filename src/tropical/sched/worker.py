@@ -39,7 +39,8 @@ class WorkerState:
     ``last_chunk`` is the chunk batch formation last cut here: where its next search starts
     (consecutive chunks of a prompt differ by a few tokens). ``catching_up`` holds the requests
     that joined the batch after their first token came elsewhere (migrated KV) until they are on
-    pace with their TPOT SLO (see ``catch_up_deadline``).
+    pace with their TPOT SLO (see ``catch_up_deadline``). ``host_load_s``: seconds to load one
+    token's KV from the prefix cache's host-memory tier, if it has one (``add_host_tier``).
     """
 
     id: int
@@ -78,6 +79,8 @@ class WorkerState:
     _min_tpot: tuple[int, float] = (-1, math.inf)
     _batch_edits: int = 0
     _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...]] = (-1, 0, ())
+    host_load_s: float = 0.0
+    _loads_taken: int = 0
 
     def _lagging(self) -> Lag | None:
         """The substrate's ``Lag`` while this worker's decode run may have completed iterations
@@ -260,9 +263,38 @@ class WorkerState:
         cached = self._costs.get(req.id)
         if cached is not None and cached[0] == req.computed:
             return cached[1]
-        cost = prefill_time(self.latency, req.remaining_prompt, req.computed)
+        cost = prefill_time(self.latency, req.remaining_prompt, req.computed) + self.load_time(req)
         self._costs[req.id] = (req.computed, cost)
         return cost
+
+    def add_host_tier(self, blocks: int, seconds_per_token: float) -> None:
+        """Give this worker's prefix cache a host-memory tier of ``blocks`` KV blocks whose
+        loads take ``seconds_per_token`` a token."""
+        if self.kv.cache is None:
+            raise ValueError("a host-memory KV tier extends the prefix cache: it needs --prefix-cache on")
+        self.kv.cache.host_capacity = blocks
+        self.host_load_s = seconds_per_token
+
+    def load_time(self, req: Request) -> float:
+        """Predicted time to load the part of ``req``'s cached run that is in host memory here
+        (none once ``req`` references it: loaded)."""
+        cache = self.kv.cache
+        if cache is None or not cache.host_blocks or not req.prefix or req.id in cache.refs:
+            return 0.0
+        return cache.host_tokens(req) * self.host_load_s
+
+    def loads_pending(self) -> int:
+        """Tokens of KV loaded from host memory that no iteration here has waited for yet."""
+        cache = self.kv.cache
+        return 0 if cache is None else (cache.loaded_blocks - self._loads_taken) * self.kv.block_size
+
+    def take_loads(self) -> int:
+        """``loads_pending``, now for the next iteration here to wait for (a load is not assumed
+        to overlap compute)."""
+        tokens = self.loads_pending()
+        if tokens:
+            self._loads_taken += tokens // self.kv.block_size
+        return tokens
 
     def hit(self, req: Request) -> int:
         """Prompt tokens of ``req`` that would start computed here: the cached run of its
@@ -300,7 +332,7 @@ class WorkerState:
         """Predicted time of ``req``'s prompt here, its cached prefix not recomputed (priced
         afresh: asked of requests not queued here, which ``prefill_cost`` keeps prices for)."""
         new, cached = self.prompt_split(req)
-        return prefill_time(self.latency, new, cached)
+        return prefill_time(self.latency, new, cached) + self.load_time(req)
 
     def kv_tokens_needed(self, req: Request) -> int:
         """A prefill-only worker holds the prompt; a decoding worker the whole lifetime's KV."""
@@ -324,6 +356,9 @@ class WorkerState:
         was. A prompt about to start takes the hit it finds now."""
         if req.id in self.holds:
             return True
+        cache = self.kv.cache
+        if cache is not None and cache.host_blocks and req.prefix and not self.can_hold(req):
+            return False                     # before loading anything from host memory
         held = self.kv.pin(req) if req.prefix else 0
         tokens = self.kv_tokens_needed(req) - held
         if not self.kv.fits(tokens):

@@ -53,20 +53,25 @@ class ClusterSpec:
         return min(w.replica.model.max_context for w in self.workers)
 
     def build(self, policy: Policy, predictor_noise: float = 0.0, seed: int = 0,
-              predictor_bias: float = 0.0, prefix_cache: bool = False) -> list[WorkerState]:
+              predictor_bias: float = 0.0, prefix_cache: bool = False,
+              host_kv: float = 0.0) -> list[WorkerState]:
         """Fresh worker states with the policy's roles and batch rules.
 
         Their ``latency`` is what the policy predicts with: the true model, or the true model
         with ``predictor_noise`` relative error and ``predictor_bias`` systematic error (see
         ``NoisyModel``), corrected online where the policy learns from its iterations. With
         ``prefix_cache`` each worker keeps the prompts it computed for reuse (vLLM's automatic
-        prefix caching).
+        prefix caching), with ``host_kv`` times its KV pool in host memory where that is not 0.
         """
         roles = policy.roles(len(self.workers))
         pools = [(spec.kv_capacity_tokens // self.block_size, self.block_size) for spec in self.workers]
         predictors = [_predictor(spec.latency, predictor_noise, predictor_bias, seed + i)
                       for i, spec in enumerate(self.workers)]
-        return worker_states(policy, roles, pools, predictors, prefix_cache)
+        workers = worker_states(policy, roles, pools, predictors, prefix_cache)
+        if host_kv:
+            for worker, spec, (blocks, _) in zip(workers, self.workers, pools, strict=True):
+                worker.add_host_tier(int(host_kv * blocks), spec.replica.host_load_seconds_per_token)
+        return workers
 
     @property
     def truth(self) -> list[LatencyModel]:

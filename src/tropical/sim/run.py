@@ -34,6 +34,8 @@ class Experiment:
     slo_mix: SLOMix | None = None
     predictor_bias: float = 0.0
     prefix_cache: bool = True
+    host_kv: float = 0.0
+    """Host memory for each worker's prefix cache, as a multiple of its KV pool (0: none)."""
 
     def at_rate(self, rate_scale: float) -> Experiment:
         return replace(self, rate_scale=rate_scale)
@@ -42,7 +44,15 @@ class Experiment:
         return replace(self, policy=policy)
 
     def with_prefix_cache(self, on: bool) -> Experiment:
-        return replace(self, prefix_cache=on)
+        """The same run with the prefix cache on or off (off takes its host tier with it)."""
+        return replace(self, prefix_cache=on, host_kv=self.host_kv if on else 0.0)
+
+    def with_host_kv(self, host_kv: float) -> Experiment:
+        """The same run with ``host_kv`` times each worker's KV pool in host memory."""
+        if host_kv < 0 or (host_kv and not self.prefix_cache):
+            raise ValueError(f"--host-kv {host_kv:g}: host memory for the prefix cache is a multiple "
+                             "of each worker's KV pool, at least 0, and needs --prefix-cache on")
+        return replace(self, host_kv=host_kv)
 
 
 @dataclass
@@ -70,6 +80,8 @@ class SimResult:
             **self.summary.as_dict(),
             "kv_migrated_bytes_per_request": self.kv_migrated_bytes_per_request,
             "prefix_cache": self.experiment.prefix_cache,
+            "host_kv": self.experiment.host_kv,
+            "host_load_rate": self.host_load_rate,
             "prefix_note": prefix_note(self.experiment),
             "workers": [
                 {"role": role.value, "busy_fraction": s.busy / span,
@@ -82,6 +94,13 @@ class SimResult:
             "decision_p99_us": self.decision_us[1],
             "native": running(),
         }
+
+    @property
+    def host_load_rate(self) -> float:
+        """Tokens of KV loaded from host memory over prompt tokens prefilled (the part of the
+        prefix hit rate the host tier gave; loads for migrations count too)."""
+        prompts = sum(s.prompt_tokens for s in self.worker_stats)
+        return sum(s.loaded_tokens for s in self.worker_stats) / prompts if prompts else 0.0
 
     @property
     def kv_migrated_bytes_per_request(self) -> float:
@@ -127,7 +146,8 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     simulated then count as failed, so the summary's attainment is a lower bound below it.
     """
     policy = make_policy(exp.policy, exp.params)
-    workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed, exp.predictor_bias, exp.prefix_cache)
+    workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed, exp.predictor_bias, exp.prefix_cache,
+                                exp.host_kv)
     requests = make_requests(exp)
     budget = None if stop_below is None else int((1 - stop_below) * len(requests))
     started = time.perf_counter()

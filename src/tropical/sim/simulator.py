@@ -62,6 +62,7 @@ class WorkerStats:
     prefill_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    loaded_tokens: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -182,13 +183,14 @@ class Simulator:
         if batch is None:
             return
         version = next(self._versions)
-        if batch.decode_only:
+        if batch.decode_only and not batch.loaded:
             steps = 1 if batch.held else self._run_length(worker)
             run = DecodeRun.start(worker, steps, self.truth[worker.id])
             flight = Flight(self.now, self.now + run.duration, version, batch, run)
             self.cluster.expect_end(worker.id, self.now + run.iteration(1), run.iteration(1))
         else:
-            duration = self.truth[worker.id].iteration_time(batch.shape)
+            duration = self.truth[worker.id].iteration_time(batch.shape) + batch.loaded * worker.host_load_s
+            self.stats[worker.id].loaded_tokens += batch.loaded
             flight = Flight(self.now, self.now + duration, version, batch)
             self.cluster.expect_end(worker.id, flight.end)
         self._flights[worker.id] = flight

@@ -1,0 +1,42 @@
+"""benchmarks/host_tier.py: one cell's capacity, bound, hits and host loads, and bad sizes refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tropical.config import SimConfig
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_tier.py"
+
+
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("host_tier", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["host_tier"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+H = script()
+
+
+def test_host_memory_adds_hits_loaded_from_it_under_the_same_bound() -> None:
+    cfg = SimConfig(limit=300).with_preset()
+    alone, tiered = H.cell(cfg, "kv-router", 0.0), H.cell(cfg, "kv-router", 10.0)
+    assert alone["bound_rps"] == tiered["bound_rps"] and alone["capacity_rps"] > 0
+    assert tiered["prefix_hit_rate"] > alone["prefix_hit_rate"] > 0
+    assert tiered["host_load_rate"] > 0 == alone["host_load_rate"]
+
+
+def test_a_negative_host_size_is_refused_by_name(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["host_tier.py", "--host-kv", "-1", "--limit", "10"])
+    with pytest.raises(SystemExit):
+        H.main()
+    assert "--host-kv -1" in capsys.readouterr().err

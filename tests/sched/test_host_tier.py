@@ -1,0 +1,130 @@
+"""The prefix cache's host-memory tier: blocks the KV pool evicts wait there, still serve hits,
+load back (priced, and charged once to the next iteration) when a request references them, and
+leave for good least recently stored first."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.factories import linear_model
+from tests.sched.test_prefix_cache import BLOCK, cache_of, cached_worker, filler, keys, prefixed, serve
+from tropical.core.latency.iterations import prefill_time
+from tropical.core.specs import A100_80GB, ReplicaSpec
+from tropical.models import load_model_spec
+from tropical.sched.batching import form_batch
+from tropical.sched.cluster import Cluster
+from tropical.sched.prefix_directory import PrefixDirectory
+from tropical.sched.registry import make_policy
+from tropical.sched.rules import BatchRules, Role
+from tropical.sched.worker import WorkerState, worker_state
+
+LOAD_S = 1e-5
+"""Seconds to load one token's KV from host memory in these tests."""
+
+
+def tiered(host_blocks: int, kv_blocks: int = 16) -> WorkerState:
+    worker = cached_worker(kv_tokens=kv_blocks * 16)
+    worker.add_host_tier(host_blocks, LOAD_S)
+    return worker
+
+
+def offloaded(worker: WorkerState, label: str = "ab", prompt: int = 2 * BLOCK) -> None:
+    """Serve a prompt, then fill the whole pool so that its cached blocks go to host memory."""
+    serve(worker, prefixed(90, keys(label, prompt), prompt))
+    fill = filler(91, worker.kv.capacity_blocks)
+    assert worker.reserve(fill)
+    worker.release(fill)
+
+
+def test_an_evicted_block_waits_in_host_memory_and_loads_back_when_a_request_references_it() -> None:
+    worker = tiered(host_blocks=100)
+    offloaded(worker)
+    cache = cache_of(worker)
+    prompt = 2 * BLOCK + 1
+    again = prefixed(1, keys("ab", prompt), prompt)
+    assert set(again.prefix[:2]) <= set(cache.host) and not set(again.prefix) & set(cache.entries)
+    assert cache.host_blocks == 8 and worker.hit(again) == 2 * BLOCK
+    assert worker.prefill_estimate(again) == pytest.approx(
+        prefill_time(worker.latency, 1, 2 * BLOCK) + 2 * BLOCK * LOAD_S)
+    worker.enqueue(again)
+    assert again.cached == 2 * BLOCK and worker.reserve(again)
+    assert cache.loaded_blocks == 8 and not cache.host and cache.host_blocks == 0
+    assert set(again.prefix[:2]) <= set(cache.entries)
+    assert worker.kv.used_blocks == 8 + worker.holds[again.id]
+    assert worker.load_time(again) == 0.0                    # referenced: loaded
+    assert worker.take_loads() == 2 * BLOCK and worker.take_loads() == 0
+
+
+def test_the_next_batch_waits_for_the_loads_its_prompts_started() -> None:
+    worker = tiered(host_blocks=100)
+    worker.rules = BatchRules(token_budget=512, chunked=True)
+    offloaded(worker)
+    prompt = 2 * BLOCK + 1
+    worker.enqueue(prefixed(1, keys("ab", prompt), prompt))
+    batch = form_batch(worker)
+    assert [new for _, new, _ in batch.prefills] == [1] and batch.loaded == 2 * BLOCK
+    assert form_batch(worker).loaded == 0
+
+
+def test_a_prompt_that_does_not_fit_loads_nothing() -> None:
+    worker = tiered(host_blocks=100)
+    offloaded(worker)
+    cache = cache_of(worker)
+    hog = filler(2, 12)
+    assert worker.reserve(hog)
+    prompt = 2 * BLOCK + 1
+    late = prefixed(3, keys("ab", prompt), prompt)
+    assert not worker.can_hold(late) and not worker.reserve(late)
+    assert cache.loaded_blocks == 0 and cache.host_blocks == 8 and worker.kv.used_blocks == 12
+
+
+def test_host_memory_keeps_its_size_evicting_the_least_recently_stored_and_the_directory_follows() -> None:
+    directory = PrefixDirectory()
+    worker = worker_state(0, Role.COLOCATED, BatchRules(), 16, 16, linear_model(), True, directory)
+    worker.add_host_tier(4, LOAD_S)
+    offloaded(worker, "aa", BLOCK)
+    first = keys("aa", BLOCK)[0]
+    assert list(cache_of(worker).host) == [first] and 0 in directory.runs(prefixed(5, (first,), BLOCK))
+    offloaded(worker, "bb", BLOCK)
+    second = keys("bb", BLOCK)[0]
+    assert list(cache_of(worker).host) == [second] and cache_of(worker).host_blocks == 4
+    assert not directory.runs(prefixed(6, (first,), BLOCK))
+    assert directory.runs(prefixed(7, (second,), BLOCK)) == {0: 1}
+
+
+def test_a_prompt_computed_anew_takes_its_blocks_out_of_host_memory() -> None:
+    worker = tiered(host_blocks=100)
+    offloaded(worker)
+    prompt = 2 * BLOCK
+    fresh = prefixed(4, keys("ab", prompt), prompt)
+    worker.enqueue(fresh)
+    assert worker.reserve(fresh)
+    cache = cache_of(worker)
+    worker.complete_prefill(fresh, fresh.remaining_prompt, now=0.0)
+    assert not set(fresh.prefix) & set(cache.host) and set(fresh.prefix) <= set(cache.entries)
+
+
+def test_a_host_tier_needs_the_prefix_cache() -> None:
+    worker = worker_state(0, Role.COLOCATED, BatchRules(), 16, 16, linear_model(), prefix_cache=False)
+    with pytest.raises(ValueError, match="--prefix-cache on"):
+        worker.add_host_tier(10, LOAD_S)
+
+
+def test_a_revived_worker_keeps_an_empty_host_tier_of_the_same_size() -> None:
+    policy = make_policy("chunked-512")
+    workers = [cached_worker(rules=policy.rules(Role.COLOCATED), wid=i) for i in range(2)]
+    for worker in workers:
+        worker.add_host_tier(40, LOAD_S)
+    cluster = Cluster(workers, policy)
+    offloaded(cluster.workers[1])
+    cluster.worker_died(1, 1.0)
+    cluster.worker_revived(1, 2.0)
+    revived = cluster.workers[1]
+    assert cache_of(revived).host_capacity == 40 and not cache_of(revived).host
+    assert revived.host_load_s == LOAD_S
+
+
+def test_a_replica_loads_each_token_over_every_gpus_pcie_link() -> None:
+    spec = ReplicaSpec(load_model_spec("internlm2-20b"), A100_80GB, tp=2)
+    assert spec.host_load_seconds_per_token == pytest.approx(
+        spec.model.kv_bytes_per_token / (2 * 31.5e9))

@@ -95,6 +95,9 @@ def _add_sim_options(parser: argparse.ArgumentParser) -> None:
              "host_kv": "host memory for each worker's prefix cache, as a multiple of its KV pool "
                         "(0, the default: none; 10: blocks evicted from the pool stay in ten times as "
                         "much host memory and load back over PCIe, as LMCache or vLLM's CPU offloading)",
+             "host_tier": "per-worker (default): each worker's host memory holds what its own pool "
+                          "evicted; shared: one store of all of it that every worker loads from "
+                          "(Mooncake's store)",
              "tbt_scale": TBT_SCALE_HELP,
              "predictor_bias": "systematic relative error of every prediction, e.g. -0.2: the "
                                "policy expects iterations 20%% faster than they run",

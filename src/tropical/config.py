@@ -144,6 +144,7 @@ class SimConfig(PolicyConfig):
     predictor_bias: float = 0.0
     prefix_cache: bool = True
     host_kv: float = 0.0
+    host_tier: str = "per-worker"
 
     def with_preset(self) -> SimConfig:
         if self.cluster not in PRESETS:

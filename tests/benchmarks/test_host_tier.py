@@ -29,9 +29,12 @@ H = script()
 def test_host_memory_adds_hits_loaded_from_it_under_the_same_bound() -> None:
     cfg = SimConfig(limit=300).with_preset()
     alone, tiered = H.cell(cfg, "kv-router", 0.0), H.cell(cfg, "kv-router", 10.0)
-    assert alone["bound_rps"] == tiered["bound_rps"] and alone["capacity_rps"] > 0
-    assert tiered["prefix_hit_rate"] > alone["prefix_hit_rate"] > 0
-    assert tiered["host_load_rate"] > 0 == alone["host_load_rate"]
+    shared = H.cell(cfg, "kv-router", 10.0, "shared")
+    assert alone["bound_rps"] == tiered["bound_rps"] == shared["bound_rps"] and alone["capacity_rps"] > 0
+    assert min(tiered["prefix_hit_rate"], shared["prefix_hit_rate"]) > alone["prefix_hit_rate"] > 0
+    assert min(tiered["host_load_rate"], shared["host_load_rate"]) > 0 == alone["host_load_rate"]
+    assert H.row("kv-router@0@per-worker", alone)[:3] == ["kv-router", "0", "-"]
+    assert H.row("kv-router@10@shared", shared)[:3] == ["kv-router", "10", "shared"]
 
 
 def test_a_negative_host_size_is_refused_by_name(monkeypatch: pytest.MonkeyPatch,

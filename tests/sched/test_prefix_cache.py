@@ -15,6 +15,7 @@ from tropical.core.request import Request
 from tropical.core.slo import SLO
 from tropical.sched.baselines import DisaggPolicy
 from tropical.sched.cluster import Cluster, Migrate
+from tropical.sched.host_store import HostStore
 from tropical.sched.kv import KVPool
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.rules import BatchRules, Role
@@ -212,8 +213,8 @@ def assert_consistent(worker: WorkerState, live: dict[int, Request]) -> None:
                for rid, held in cache.refs.items())
     for rid, blocks in worker.holds.items():
         assert blocks * kv.block_size + cache.held_tokens(live[rid]) >= worker.kv_tokens_needed(live[rid])
-    assert not set(cache.host) & set(cache.entries), "a block in both tiers"
-    assert cache.host_blocks == sum(cache.host.values()) <= cache.host_capacity
+    if cache.host is not None:
+        assert cache.host.held == sum(cache.host.keys.values()) <= cache.host.capacity
 
 
 @pytest.mark.parametrize("host", [0, 48], ids=["pool only", "host tier"])
@@ -222,7 +223,7 @@ def assert_consistent(worker: WorkerState, live: dict[int, Request]) -> None:
 def test_kv_accounting_holds_under_any_sequence_of_requests(host: int, steps: list[Step]) -> None:
     worker = cached_worker(kv_tokens=32 * 16)
     if host:
-        worker.add_host_tier(host, 1e-6)
+        worker.add_host_tier(HostStore(host), 1e-6)
     live: dict[int, Request] = {}
     for rid, (op, prompt, output, label, flag) in enumerate(steps):
         if op in ("arrive", "migrate"):

@@ -53,9 +53,10 @@ def test_with_the_cache_off_a_slice_reproduces_the_published_numbers(policy: str
 
 
 def conversation(policy: str, limit: int = 1500, kv_tokens: int | None = None,
-                 prefix_cache: bool = True, host_kv: float = 0.0) -> Experiment:
+                 prefix_cache: bool = True, host_kv: float = 0.0,
+                 host_tier: str = "per-worker") -> Experiment:
     exp = experiment(SimConfig(limit=limit, policy=policy, prefix_cache=prefix_cache,
-                               host_kv=host_kv).with_preset())
+                               host_kv=host_kv, host_tier=host_tier).with_preset())
     if kv_tokens is None:
         return exp
     workers = tuple(replace(w, kv_tokens=kv_tokens) for w in exp.cluster.workers)
@@ -124,9 +125,11 @@ def test_loads_from_host_memory_lengthen_the_iterations_that_wait_for_them(
     assert sum(map(ttft, slow.requests)) > sum(map(ttft, fast.requests)) + 1.0
 
 
-@pytest.mark.parametrize("setting", [{"host_kv": -1.0}, {"host_kv": 2.0, "prefix_cache": False}])
-def test_a_host_tier_needs_a_size_of_at_least_zero_and_the_prefix_cache(setting: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="--host-kv"):
+@pytest.mark.parametrize("setting", [{"host_kv": -1.0}, {"host_kv": 2.0, "prefix_cache": False},
+                                     {"host_kv": 2.0, "host_tier": "pooled"}])
+def test_a_host_tier_needs_a_size_of_at_least_zero_the_prefix_cache_and_a_known_kind(
+        setting: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="--host-(kv|tier)"):
         experiment(SimConfig(limit=10, **setting).with_preset())
 
 
@@ -185,12 +188,13 @@ def watch_pools(monkeypatch: pytest.MonkeyPatch) -> PoolWatch:
     return watch
 
 
-@pytest.mark.parametrize("host_kv", [0.0, 4.0], ids=["pool only", "host tier"])
+@pytest.mark.parametrize(("host_kv", "tier"), [(0.0, "per-worker"), (4.0, "per-worker"), (4.0, "shared")],
+                         ids=["pool only", "host tier", "shared host store"])
 @pytest.mark.parametrize("policy", ["chunked-512", "disagg", "kv-router-disagg", "tropical+"])
-def test_the_cache_never_lets_kv_in_use_exceed_capacity(policy: str, host_kv: float,
+def test_the_cache_never_lets_kv_in_use_exceed_capacity(policy: str, host_kv: float, tier: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     watch = watch_pools(monkeypatch)
-    result = simulate(conversation(policy, limit=600, kv_tokens=60_000, host_kv=host_kv))
+    result = simulate(conversation(policy, limit=600, kv_tokens=60_000, host_kv=host_kv, host_tier=tier))
     assert (result.host_load_rate > 0) == bool(host_kv)
     assert watch.evicted > 0 and len(watch.pools) == 4
     failed = {q.id for q in result.requests if q.error}

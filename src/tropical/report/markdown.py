@@ -388,7 +388,9 @@ def write_report(rep: Reproduction, out: Path) -> Path:
                "ideal cluster-wide cache in which every reusable prefix hits. "
                if exp.prefix_cache else "Every prompt is computed whole (`--prefix-cache off`). ")
             + (f"Under each worker's cache, host memory {exp.host_kv:g}x its KV pool keeps the blocks "
-               "the pool evicts, loaded back over PCIe when a prompt reuses them (`--host-kv`). "
+               "the pool evicts, loaded back over PCIe when a prompt reuses them (`--host-kv`"
+               + ("; `--host-tier shared`: one store of all of it, which every worker loads from). "
+                  if exp.host_tier == "shared" else "). ")
                if exp.host_kv else "")
             + "Regenerate with `tropical reproduce`.\n")
     parts = [head, capacity_section(rep), prefix_section(rep), paper_setting_section(rep),

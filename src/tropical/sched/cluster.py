@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from tropical.core.request import Request
 from tropical.sched.admission import admission_error
 from tropical.sched.batching import Batch, form_batch
+from tropical.sched.host_store import HostStore
 from tropical.sched.load_index import LoadIndex
 from tropical.sched.mirror import book_streams, unplan
 from tropical.sched.policy import Assignment, Policy, apply
@@ -352,8 +353,10 @@ class Cluster:
                                                old.kv.block_size, old.latency, old.kv.cache is not None,
                                                directory)
         self.workers[worker_id].lag = old.lag
-        if old.kv.cache is not None and old.kv.cache.host_capacity:
-            self.workers[worker_id].add_host_tier(old.kv.cache.host_capacity, old.host_load_s)
+        store = old.kv.cache.host if old.kv.cache is not None else None
+        if store is not None:            # its own store died with it; a shared one lives on
+            self.workers[worker_id].add_host_tier(store if store.shared else HostStore(store.capacity),
+                                                  old.host_load_s)
         if self.index is not None:
             self.index.watch(self.workers[worker_id])
         self.policy.roster_changed()

@@ -168,6 +168,11 @@ class NewTokenFloors:
         cache = next((w.kv.cache for w in workers if w.kv.cache is not None), None)
         if cache is None or cache.directory is None:
             return cls(left, req.prompt_len, 1, [], min(left, 1))
+        if cache.host is not None and cache.host.shared:
+            levels, everyone = cache.directory.levels_with(req, cache.host)
+            floors = cls(left, req.prompt_len, req.prefix_block, levels, 0)
+            floors.rest = floors.floor(everyone)
+            return floors
         return cls(left, req.prompt_len, req.prefix_block, cache.directory.levels(req),
                    min(left, max(1, req.prompt_len)))
 

@@ -62,7 +62,7 @@ class KVPool:
         if self.cache is None:
             return 0
         self.used_blocks += self.cache.pin(req)
-        if self.cache.host_capacity:         # blocks loaded from host memory take room
+        if self.cache.host is not None:     # blocks loaded from host memory take room
             self.cache.evict(self.used_blocks + self.cache.free_blocks - self.capacity_blocks)
         return self.held_tokens(req)
 

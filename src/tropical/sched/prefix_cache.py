@@ -7,11 +7,11 @@ references stay cached, count as free, and are evicted least recently freed firs
 tail before its head, as vLLM frees them), only when room is needed. A key covers ``prefix_block``
 tokens, a whole number of the worker's KV blocks; only its full KV blocks are cached.
 
-With a host-memory tier (``host_capacity`` blocks: LMCache, vLLM's CPU offloading, Mooncake's
-store), a block evicted from the KV pool moves there instead of being lost, itself evicted least
-recently stored first; a request whose cached run reaches into it loads those blocks back into
-the pool when it references them (``loaded_blocks`` counts them: the worker prices the load).
-The tiers are exclusive: a key is in the pool or in host memory, never both.
+With a host-memory store under it (``host``, a ``HostStore``: this worker's own, or one the
+cluster shares), a block the pool evicts is kept there instead of lost; a request whose cached
+run reaches into the store loads those blocks back into the pool when it references them
+(``loaded_blocks`` counts them: the worker prices the loads). A block may be in both: a load
+copies it.
 
 Pure bookkeeping in blocks: ``KVPool`` owns the counts of used and free blocks and asks this
 cache which blocks a request shares and which it may evict. Keys are typed ``Hashable``, not
@@ -21,11 +21,12 @@ every dict and list it passes through, where an object is handed on as it is.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
+from tropical.sched.host_store import HostStore
 from tropical.sched.prefix_directory import PrefixDirectory
 
 RUNS_KEPT = 4096
@@ -95,15 +96,14 @@ class PrefixCache:
     ``evictions`` counts keys that left: until one does, a run found earlier can only grow, so a
     lookup goes on from its last walk instead of starting over (and, while ``stores``, the keys
     that entered, stays the same, has nothing to walk). A ``directory`` shared by the fleet
-    learns which keys enter and leave here, as worker ``owner``'s (a key in host memory is
-    still here). ``host`` holds the host tier's keys and their KV blocks, oldest first."""
+    learns which keys enter and leave here, as worker ``owner``'s (a key in this worker's own
+    host store is still here; one in a shared store is any worker's, and the directory does not
+    list it)."""
 
     block_size: int
     directory: PrefixDirectory | None = None
     owner: int = 0
-    host_capacity: int = 0
-    host: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
-    host_blocks: int = 0
+    host: HostStore | None = None
     loaded_blocks: int = 0
     entries: dict[Hashable, CachedBlock] = field(default_factory=dict)
     freed_runs: deque[FreedRun] = field(default_factory=deque)
@@ -128,13 +128,16 @@ class PrefixCache:
         """Prompt tokens of ``req`` cached here as a run of blocks from its first (the toggle
         asks of many workers per decision: each walk goes on from where the last one stopped,
         and starts over only after an eviction)."""
-        if self._runs_evictions != self.evictions or len(self._runs) > RUNS_KEPT:
-            self._runs, self._runs_evictions = {}, self.evictions
+        store = self.host
+        evictions, stores = ((self.evictions, self.stores) if store is None else
+                             (self.evictions + store.evictions, self.stores + store.puts))
+        if self._runs_evictions != evictions or len(self._runs) > RUNS_KEPT:
+            self._runs, self._runs_evictions = {}, evictions
         run = self._runs.get(req.id)
         if run is None:
             run = self._runs[req.id] = CachedRun()
-        if not run.ended and run.stores != self.stores:
-            run.stores = self.stores
+        if not run.ended and run.stores != stores:
+            run.stores = stores
             self._extend(req, run)
         return run.blocks * self.block_size
 
@@ -156,8 +159,8 @@ class PrefixCache:
         run.ended = True
 
     def _host_blocks(self, key: Hashable) -> int:
-        """KV blocks of ``key`` in the host tier (-1: not there)."""
-        return self.host.get(key, -1) if self.host_blocks else -1
+        """KV blocks of ``key`` in the host store (-1: not there)."""
+        return -1 if self.host is None else self.host.blocks(key)
 
     def host_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req``'s cached run that a reference here would load from host
@@ -213,11 +216,16 @@ class PrefixCache:
         return revived
 
     def _load(self, key: Hashable) -> CachedBlock | None:
-        """Bring ``key`` back from host memory as an unreferenced cached block (None: not there)."""
-        if not self.host_blocks or key not in self.host:
+        """Copy ``key`` from the host store into the pool as an unreferenced cached block (None:
+        not there)."""
+        blocks = self._host_blocks(key)
+        if blocks < 0:
             return None
-        blocks = self.host.pop(key)
-        self.host_blocks -= blocks
+        store = self.host
+        assert store is not None
+        store.touch(key)
+        if store.shared and self.directory is not None:
+            self.directory.add(key, self.owner)
         self.loaded_blocks += blocks
         self.free_blocks += blocks
         entry = self.entries[key] = CachedBlock(blocks)
@@ -254,12 +262,7 @@ class PrefixCache:
                 break
             key = prefix[i]
             entry = entries.get(key)
-            if entry is None and self.host_blocks and key in self.host:
-                self.host_blocks -= self.host.pop(key)   # computed anew: its host copy goes
-                entry = entries[key] = CachedBlock(blocks, 1)
-                new += blocks
-                self.stores += 1
-            elif entry is None:
+            if entry is None:
                 entries[key] = CachedBlock(blocks, 1)
                 if self.directory is not None:
                     self.directory.add(key, self.owner)
@@ -331,7 +334,7 @@ class PrefixCache:
                 del entries[key]
                 self.free_blocks -= entry.blocks
                 blocks -= entry.blocks
-                if self.host_capacity:
+                if self.host is not None:
                     self._offload(key, entry.blocks)
                     continue
                 if directory is not None:
@@ -341,19 +344,22 @@ class PrefixCache:
                 runs.popleft()
 
     def _offload(self, key: Hashable, blocks: int) -> None:
-        """``key`` left the KV pool for host memory, whose least recently stored keys leave
-        for good while it holds more than its capacity."""
-        self.host[key] = blocks
-        self.host_blocks += blocks
-        while self.host_blocks > self.host_capacity:
-            gone, size = self.host.popitem(last=False)
-            self.host_blocks -= size
-            if self.directory is not None:
-                self.directory.remove(gone, self.owner)
-            self.evictions += 1
+        """``key`` left the pool for the host store; keys the store drops for room leave this
+        worker for good unless its pool holds them (a shared store's are not listed as its)."""
+        store, directory = self.host, self.directory
+        assert store is not None
+        gone = store.put(key, blocks)
+        if directory is None:
+            return
+        if store.shared:
+            directory.remove(key, self.owner)
+            return
+        for old in gone:
+            if old not in self.entries:
+                directory.remove(old, self.owner)
 
     def clear(self) -> None:
-        """Evict every unreferenced cached block (to host memory where there is a tier)."""
+        """Evict every unreferenced cached block (to the host store where there is one)."""
         self.evict(self.free_blocks)
 
     def forget(self, keys: Iterable[int]) -> list[int]:

@@ -10,6 +10,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from tropical.core.request import Request
+from tropical.sched.host_store import HostStore
 
 
 @dataclass(slots=True)
@@ -67,6 +68,32 @@ class PrefixDirectory:
         if left:
             levels.append((depth, left))
         return levels
+
+    def levels_with(self, req: Request, store: HostStore) -> tuple[list[tuple[int, set[int]]], int]:
+        """``levels`` when every worker also loads from ``store`` (shared host memory, whose
+        keys this directory does not list): the workers that reach deeper than every worker
+        does, by depth, and the depth every worker reaches."""
+        levels: list[tuple[int, set[int]]] = []
+        left: set[int] = set()
+        everyone: int | None = None
+        depth = 0
+        prefix: tuple[Hashable, ...] = req.prefix
+        for key in prefix:
+            if store.blocks(key) < 0:
+                held = self.holders.get(key) or set()
+                kept = set(held) if everyone is None else left & held
+                if everyone is None:
+                    everyone = depth
+                elif len(kept) < len(left):
+                    levels.append((depth, left - kept))
+                left = kept
+                if not left:
+                    return levels, everyone
+            depth += 1
+        if everyone is None:
+            return levels, depth
+        levels.append((depth, left))
+        return levels, everyone
 
     def deepest_holders(self, req: Request) -> set[int]:
         """The workers holding the deepest block of ``req``'s prefix that any worker holds along

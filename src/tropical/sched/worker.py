@@ -20,6 +20,7 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.online import OnlineLatency
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
+from tropical.sched.host_store import HostStore
 from tropical.sched.kv import KVPool
 from tropical.sched.lag import Lag
 from tropical.sched.prefix_cache import PrefixCache
@@ -267,19 +268,20 @@ class WorkerState:
         self._costs[req.id] = (req.computed, cost)
         return cost
 
-    def add_host_tier(self, blocks: int, seconds_per_token: float) -> None:
-        """Give this worker's prefix cache a host-memory tier of ``blocks`` KV blocks whose
-        loads take ``seconds_per_token`` a token."""
+    def add_host_tier(self, store: HostStore, seconds_per_token: float) -> None:
+        """Put ``store`` (this worker's own, or one the cluster shares) under this worker's
+        prefix cache, its loads taking ``seconds_per_token`` a token."""
         if self.kv.cache is None:
             raise ValueError("a host-memory KV tier extends the prefix cache: it needs --prefix-cache on")
-        self.kv.cache.host_capacity = blocks
+        self.kv.cache.host = store
         self.host_load_s = seconds_per_token
 
     def load_time(self, req: Request) -> float:
         """Predicted time to load the part of ``req``'s cached run that is in host memory here
         (none once ``req`` references it: loaded)."""
         cache = self.kv.cache
-        if cache is None or not cache.host_blocks or not req.prefix or req.id in cache.refs:
+        if cache is None or cache.host is None or not cache.host.held or not req.prefix \
+                or req.id in cache.refs:
             return 0.0
         return cache.host_tokens(req) * self.host_load_s
 
@@ -357,7 +359,8 @@ class WorkerState:
         if req.id in self.holds:
             return True
         cache = self.kv.cache
-        if cache is not None and cache.host_blocks and req.prefix and not self.can_hold(req):
+        if cache is not None and cache.host is not None and cache.host.held and req.prefix \
+                and not self.can_hold(req):
             return False                     # before loading anything from host memory
         held = self.kv.pin(req) if req.prefix else 0
         tokens = self.kv_tokens_needed(req) - held

@@ -66,4 +66,4 @@ def experiment(cfg: SimConfig) -> Experiment:
     mix = parse_slo_classes(cfg.slo_classes, cfg.seed, cfg.tbt_scale) if cfg.slo_classes else None
     return Experiment(trace, cluster, cfg.policy, cfg.policy_params(), slo, cfg.rate_scale,
                       cfg.predictor_noise, cfg.seed, mix, cfg.predictor_bias,
-                      cfg.prefix_cache).with_host_kv(cfg.host_kv)
+                      cfg.prefix_cache).with_host_kv(cfg.host_kv, cfg.host_tier)

@@ -10,6 +10,7 @@ from tropical.core.latency.noisy import NoisyModel
 from tropical.core.specs import ReplicaSpec, hardware
 from tropical.models import load_model_spec
 from tropical.sched.fleet import worker_states
+from tropical.sched.host_store import HostStore
 from tropical.sched.policy import Policy
 from tropical.sched.worker import WorkerState
 
@@ -54,14 +55,15 @@ class ClusterSpec:
 
     def build(self, policy: Policy, predictor_noise: float = 0.0, seed: int = 0,
               predictor_bias: float = 0.0, prefix_cache: bool = False,
-              host_kv: float = 0.0) -> list[WorkerState]:
+              host_kv: float = 0.0, host_shared: bool = False) -> list[WorkerState]:
         """Fresh worker states with the policy's roles and batch rules.
 
         Their ``latency`` is what the policy predicts with: the true model, or the true model
         with ``predictor_noise`` relative error and ``predictor_bias`` systematic error (see
         ``NoisyModel``), corrected online where the policy learns from its iterations. With
         ``prefix_cache`` each worker keeps the prompts it computed for reuse (vLLM's automatic
-        prefix caching), with ``host_kv`` times its KV pool in host memory where that is not 0.
+        prefix caching), with ``host_kv`` times its KV pool in host memory where that is not 0:
+        its own, or pooled into one store that every worker loads from (``host_shared``).
         """
         roles = policy.roles(len(self.workers))
         pools = [(spec.kv_capacity_tokens // self.block_size, self.block_size) for spec in self.workers]
@@ -69,8 +71,10 @@ class ClusterSpec:
                       for i, spec in enumerate(self.workers)]
         workers = worker_states(policy, roles, pools, predictors, prefix_cache)
         if host_kv:
+            shared = HostStore(int(host_kv * sum(blocks for blocks, _ in pools)), shared=True)
             for worker, spec, (blocks, _) in zip(workers, self.workers, pools, strict=True):
-                worker.add_host_tier(int(host_kv * blocks), spec.replica.host_load_seconds_per_token)
+                store = shared if host_shared else HostStore(int(host_kv * blocks))
+                worker.add_host_tier(store, spec.replica.host_load_seconds_per_token)
         return workers
 
     @property

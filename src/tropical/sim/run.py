@@ -18,6 +18,9 @@ from tropical.sim.simulator import Simulator, WorkerStats
 from tropical.workload.trace import PREFIX_BLOCK_TOKENS, Trace
 from tropical.workload.transform import scale_rate
 
+HOST_TIERS = ("per-worker", "shared")
+"""Whose host memory a worker's prefix cache loads from (``--host-tier``)."""
+
 
 @dataclass(frozen=True)
 class Experiment:
@@ -36,6 +39,8 @@ class Experiment:
     prefix_cache: bool = True
     host_kv: float = 0.0
     """Host memory for each worker's prefix cache, as a multiple of its KV pool (0: none)."""
+    host_tier: str = "per-worker"
+    """Whose host memory a worker loads from: its own (per-worker) or all of it (shared)."""
 
     def at_rate(self, rate_scale: float) -> Experiment:
         return replace(self, rate_scale=rate_scale)
@@ -47,12 +52,16 @@ class Experiment:
         """The same run with the prefix cache on or off (off takes its host tier with it)."""
         return replace(self, prefix_cache=on, host_kv=self.host_kv if on else 0.0)
 
-    def with_host_kv(self, host_kv: float) -> Experiment:
-        """The same run with ``host_kv`` times each worker's KV pool in host memory."""
+    def with_host_kv(self, host_kv: float, tier: str | None = None) -> Experiment:
+        """The same run with ``host_kv`` times each worker's KV pool in host memory, each
+        worker's own or shared (``tier``; default: as it was)."""
+        tier = self.host_tier if tier is None else tier
         if host_kv < 0 or (host_kv and not self.prefix_cache):
             raise ValueError(f"--host-kv {host_kv:g}: host memory for the prefix cache is a multiple "
                              "of each worker's KV pool, at least 0, and needs --prefix-cache on")
-        return replace(self, host_kv=host_kv)
+        if tier not in HOST_TIERS:
+            raise ValueError(f"--host-tier {tier!r}: one of {', '.join(HOST_TIERS)}")
+        return replace(self, host_kv=host_kv, host_tier=tier)
 
 
 @dataclass
@@ -81,6 +90,7 @@ class SimResult:
             "kv_migrated_bytes_per_request": self.kv_migrated_bytes_per_request,
             "prefix_cache": self.experiment.prefix_cache,
             "host_kv": self.experiment.host_kv,
+            "host_tier": self.experiment.host_tier,
             "host_load_rate": self.host_load_rate,
             "prefix_note": prefix_note(self.experiment),
             "workers": [
@@ -147,7 +157,7 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     """
     policy = make_policy(exp.policy, exp.params)
     workers = exp.cluster.build(policy, exp.predictor_noise, exp.seed, exp.predictor_bias, exp.prefix_cache,
-                                exp.host_kv)
+                                exp.host_kv, exp.host_tier == "shared")
     requests = make_requests(exp)
     budget = None if stop_below is None else int((1 - stop_below) * len(requests))
     started = time.perf_counter()

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.benchmarks.scripts import load
 from tropical.config import SimConfig
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_tier.py"
-
-
-def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("host_tier", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["host_tier"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-H = script()
+H = load("host_tier")
 
 
 def test_host_memory_adds_hits_loaded_from_it_under_the_same_bound() -> None:

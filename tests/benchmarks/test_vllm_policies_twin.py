@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_policies_twin.py"
+from tests.benchmarks.scripts import load
 
-
-def twin_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_policies_twin", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_policies_twin"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-V = twin_module()
+V = load("vllm_policies_twin")
 
 
 def record(rid: int, sent: float, worker: str, tokens: int = 5, error: str | None = None) -> dict:

@@ -54,9 +54,3 @@ class HostStore:
     def touch(self, key: Hashable) -> None:
         """``key`` was loaded: it leaves last."""
         self.keys.move_to_end(key)
-
-    def clear(self) -> None:
-        """Forget every key (the memory is gone)."""
-        self.evictions += len(self.keys)
-        self.keys.clear()
-        self.held = 0

@@ -165,24 +165,17 @@ class PrefixCache:
     def host_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req``'s cached run that a reference here would load from host
         memory."""
-        tokens = 0
-        whole = req.prefix_block // self.block_size
-        prefix: tuple[Hashable, ...] = req.prefix
-        for key in prefix:
-            entry = self.entries.get(key)
-            blocks = self._host_blocks(key) if entry is None else entry.blocks
-            if blocks < 0:
-                break
-            if entry is None:
-                tokens += blocks * self.block_size
-            if blocks < whole:
-                break
-        return tokens
+        return self._unreferenced(req)[1] * self.block_size
 
     def unreferenced_run(self, req: Request) -> int:
         """KV blocks of ``req``'s cached run that no request references (referencing them
         makes them used)."""
-        blocks = 0
+        return self._unreferenced(req)[0]
+
+    def _unreferenced(self, req: Request) -> tuple[int, int]:
+        """KV blocks of ``req``'s cached run that no request here references, and those of
+        them only in host memory."""
+        blocks = loads = 0
         whole = req.prefix_block // self.block_size
         prefix: tuple[Hashable, ...] = req.prefix
         for key in prefix:
@@ -190,11 +183,13 @@ class PrefixCache:
             held = self._host_blocks(key) if entry is None else entry.blocks
             if held < 0:
                 break
+            if entry is None:
+                loads += held
             if entry is None or entry.refs == 0:
                 blocks += held
             if held < whole:
                 break
-        return blocks
+        return blocks, loads
 
     def pin(self, req: Request) -> int:
         """Reference ``req``'s cached run for as long as it stays here; returns the KV blocks

@@ -128,9 +128,10 @@ class PrefixCache:
         """Prompt tokens of ``req`` cached here as a run of blocks from its first (the toggle
         asks of many workers per decision: each walk goes on from where the last one stopped,
         and starts over only after an eviction)."""
-        store = self.host
-        evictions, stores = ((self.evictions, self.stores) if store is None else
-                             (self.evictions + store.evictions, self.stores + store.puts))
+        evictions, stores, store = self.evictions, self.stores, self.host
+        if store is not None:
+            evictions += store.evictions
+            stores += store.puts
         if self._runs_evictions != evictions or len(self._runs) > RUNS_KEPT:
             self._runs, self._runs_evictions = {}, evictions
         run = self._runs.get(req.id)
@@ -165,17 +166,17 @@ class PrefixCache:
     def host_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req``'s cached run that a reference here would load from host
         memory."""
-        return self._unreferenced(req)[1] * self.block_size
+        return self._unreferenced(req, True) * self.block_size
 
     def unreferenced_run(self, req: Request) -> int:
         """KV blocks of ``req``'s cached run that no request references (referencing them
         makes them used)."""
-        return self._unreferenced(req)[0]
+        return self._unreferenced(req, False)
 
-    def _unreferenced(self, req: Request) -> tuple[int, int]:
-        """KV blocks of ``req``'s cached run that no request here references, and those of
-        them only in host memory."""
-        blocks = loads = 0
+    def _unreferenced(self, req: Request, host_only: bool) -> int:
+        """KV blocks of ``req``'s cached run that no request here references (``host_only``:
+        those of them only in host memory)."""
+        blocks = 0
         whole = req.prefix_block // self.block_size
         prefix: tuple[Hashable, ...] = req.prefix
         for key in prefix:
@@ -183,13 +184,11 @@ class PrefixCache:
             held = self._host_blocks(key) if entry is None else entry.blocks
             if held < 0:
                 break
-            if entry is None:
-                loads += held
-            if entry is None or entry.refs == 0:
+            if entry is None or (entry.refs == 0 and not host_only):
                 blocks += held
             if held < whole:
                 break
-        return blocks, loads
+        return blocks
 
     def pin(self, req: Request) -> int:
         """Reference ``req``'s cached run for as long as it stays here; returns the KV blocks

@@ -125,11 +125,13 @@ def test_loads_from_host_memory_lengthen_the_iterations_that_wait_for_them(
     assert sum(map(ttft, slow.requests)) > sum(map(ttft, fast.requests)) + 1.0
 
 
-@pytest.mark.parametrize("setting", [{"host_kv": -1.0}, {"host_kv": 2.0, "prefix_cache": False},
-                                     {"host_kv": 2.0, "host_tier": "pooled"}])
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"host_kv": -1.0}, "--host-kv -1: .* at least 0"),
+    ({"host_kv": 2.0, "prefix_cache": False}, "--host-kv 2 needs --prefix-cache on"),
+    ({"host_kv": 2.0, "host_tier": "pooled"}, "--host-tier 'pooled': one of per-worker, shared")])
 def test_a_host_tier_needs_a_size_of_at_least_zero_the_prefix_cache_and_a_known_kind(
-        setting: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="--host-(kv|tier)"):
+        setting: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         experiment(SimConfig(limit=10, **setting).with_preset())
 
 

@@ -56,9 +56,12 @@ class Experiment:
         """The same run with ``host_kv`` times each worker's KV pool in host memory, each
         worker's own or shared (``tier``; default: as it was)."""
         tier = self.host_tier if tier is None else tier
-        if host_kv < 0 or (host_kv and not self.prefix_cache):
-            raise ValueError(f"--host-kv {host_kv:g}: host memory for the prefix cache is a multiple "
-                             "of each worker's KV pool, at least 0, and needs --prefix-cache on")
+        if host_kv < 0:
+            raise ValueError(f"--host-kv {host_kv:g}: host memory is a multiple of each worker's KV "
+                             "pool, at least 0")
+        if host_kv and not self.prefix_cache:
+            raise ValueError(f"--host-kv {host_kv:g} needs --prefix-cache on: host memory keeps the "
+                             "prefix cache's blocks")
         if tier not in HOST_TIERS:
             raise ValueError(f"--host-tier {tier!r}: one of {', '.join(HOST_TIERS)}")
         return replace(self, host_kv=host_kv, host_tier=tier)

@@ -16,9 +16,11 @@ from tropical.core.latency.iterations import prefill_time
 from tropical.core.specs import A100_80GB, ReplicaSpec
 from tropical.models import load_model_spec
 from tropical.sched.batching import form_batch
+from tropical.sched.chunk import Chunk
 from tropical.sched.cluster import Cluster
 from tropical.sched.dispatch import NewTokenFloors
 from tropical.sched.host_store import HostStore
+from tropical.sched.pending import Pending
 from tropical.sched.prefix_directory import PrefixDirectory
 from tropical.sched.registry import make_policy
 from tropical.sched.rules import BatchRules, Role
@@ -80,6 +82,22 @@ def test_the_next_batch_waits_for_the_loads_its_prompts_started() -> None:
     batch = form_batch(worker)
     assert [new for _, new, _ in batch.prefills] == [1] and batch.loaded == 2 * BLOCK
     assert form_batch(worker).loaded == 0
+
+
+def test_path2_prices_the_loads_a_prompt_waits_for() -> None:
+    worker = tiered(host_blocks=100)
+    offloaded(worker)
+    prompt = 2 * BLOCK + 1
+    turn = prefixed(1, keys("ab", prompt), prompt)
+    pending = Pending().plus(turn, worker)
+    assert pending.loads == pytest.approx(2 * BLOCK * LOAD_S) and pending.tokens == 1
+    unloaded = Pending(pending.count, pending.tokens, pending.kv_new, pending.peak, pending.pairs,
+                       pending.cached)
+    chunk = Chunk(64, 0.05, 0.04, 0.01)
+    assert chunk.finish(worker, pending, 1.0) == pytest.approx(chunk.finish(worker, unloaded, 1.0)
+                                                               + 2 * BLOCK * LOAD_S)
+    worker.enqueue(turn)
+    assert worker.reserve(turn) and Pending().plus(turn, worker).loads == 0.0   # loaded
 
 
 def test_a_prompt_that_does_not_fit_loads_nothing() -> None:

@@ -56,10 +56,11 @@ class Chunk:
     def finish(self, worker: WorkerState, prompts: Pending, start: float) -> float:
         """End of the iteration that completes ``prompts`` fed in these chunks from ``start``:
         their compute as whole spans (chunking adds only a fixed cost per chunk) over the room
-        each iteration has, and never fewer iterations than their tokens need."""
+        each iteration has, and never fewer iterations than their tokens need, after the loads
+        from host memory they wait for."""
         work = worker.latency.iteration_time(prompts.shape) - self.overhead
         steps = max(math.ceil(prompts.tokens / self.tokens), math.ceil(work / self.room))
-        return start + steps * self.iteration - max(0.0, steps * self.room - work)
+        return start + prompts.loads + steps * self.iteration - max(0.0, steps * self.room - work)
 
 
 @dataclass(slots=True)

@@ -19,11 +19,12 @@ from tropical.sched.worker import WorkerState
 class Pending:
     """Sums over the prompts queued on, or promised to, one worker: ``count`` prompts of
     ``tokens`` tokens still to compute over ``cached`` tokens already cached, with ``pairs``
-    attention pairs (their prefill ``shape``), ``kv_new`` tokens of KV still to reserve and
-    ``peak`` at their longest. A value: ``plus`` builds a new one (not frozen, and the shape
-    not kept as a BatchShape: the toggle builds one per candidate it tries, and a frozen one,
-    or a second object, costs several times as much to build; a written constructor, as
-    BatchShape's)."""
+    attention pairs (their prefill ``shape``), ``kv_new`` tokens of KV still to reserve,
+    ``peak`` at their longest, and ``loads`` seconds of KV to load from host memory before
+    they run (the prefix cache's host tier; the iterations that start them wait). A value:
+    ``plus`` builds a new one (not frozen, and the shape not kept as a BatchShape: the toggle
+    builds one per candidate it tries, and a frozen one, or a second object, costs several
+    times as much to build; a written constructor, as BatchShape's)."""
 
     count: int = 0
     tokens: int = 0
@@ -31,15 +32,17 @@ class Pending:
     peak: int = 0
     pairs: int = 0
     cached: int = 0
+    loads: float = 0.0
 
     def __init__(self, count: int = 0, tokens: int = 0, kv_new: int = 0, peak: int = 0,
-                 pairs: int = 0, cached: int = 0) -> None:
+                 pairs: int = 0, cached: int = 0, loads: float = 0.0) -> None:
         self.count = count
         self.tokens = tokens
         self.kv_new = kv_new
         self.peak = peak
         self.pairs = pairs
         self.cached = cached
+        self.loads = loads
 
     @classmethod
     def of(cls, worker: WorkerState, requests: Iterable[Request],
@@ -56,15 +59,17 @@ class Pending:
     def plus(self, req: Request, worker: WorkerState, left: int | None = None) -> Pending:
         """These prompts and ``req``, bound for ``worker``, with ``left`` of its prompt tokens
         still to compute (default: all it has not computed yet, or has not cached there)."""
+        loads = self.loads
         if left is None:
             left, cached, reserve = worker.prompt_and_kv(req)
+            loads += worker.load_time(req)
         else:
             cached, reserve = req.prompt_len - left, worker.kv_to_reserve(req)
         if req.id in worker.holds:
             reserve = 0
         return Pending(self.count + 1, self.tokens + left, self.kv_new + reserve,
                        self.peak + req.kv_tokens, self.pairs + attention_pairs(left, cached),
-                       self.cached + cached)
+                       self.cached + cached, loads)
 
     @property
     def shape(self) -> BatchShape:

@@ -364,7 +364,8 @@ class TropicalPolicy(Policy):
         prefills = plan.plus(req, worker)
         if not self._room_for(worker, prefills):
             return None
-        iteration = worker.latency.iteration_time(prefills.with_decodes(nxt.decode_count, nxt.decode_context))
+        shape = prefills.with_decodes(nxt.decode_count, nxt.decode_context)
+        iteration = worker.latency.iteration_time(shape) + prefills.loads
         step = worker.latency.iteration_time(nxt.shape([]))
         wait = 0
         for d in nxt.decodes:
@@ -428,7 +429,8 @@ class TropicalPolicy(Policy):
                 return None
             banked = self._banked_finish(req, worker, nxt, limit, now) if self.toggle.burst else None
             return banked if banked is not None else self._chunked_finish(req, worker, nxt, limit, now)
-        iteration = worker.latency.iteration_time(prefills.with_decodes(nxt.decode_count, nxt.decode_context))
+        shape = prefills.with_decodes(nxt.decode_count, nxt.decode_context)
+        iteration = worker.latency.iteration_time(shape) + prefills.loads
         if not nxt.fits(iteration, self._path2_slack):
             return None
         return nxt.start + iteration

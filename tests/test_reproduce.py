@@ -85,6 +85,6 @@ def test_reproduce_runs_a_length_only_file_trace_at_a_given_rate(tmp_path, capsy
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert all(c > 0 for c in result["capacity_rps"].values())
-    assert result["host_kv"] == 2
+    assert result["host_kv"] == 2 and result["host_tier"] == "per-worker"
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "lengths" in report and "host memory 2x its KV pool" in report

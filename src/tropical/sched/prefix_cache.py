@@ -159,6 +159,11 @@ class PrefixCache:
                 break
         run.ended = True
 
+    @property
+    def may_load(self) -> bool:
+        """Could a reference here load anything from host memory (a store that holds blocks)?"""
+        return self.host is not None and self.host.held > 0
+
     def _host_blocks(self, key: Hashable) -> int:
         """KV blocks of ``key`` in the host store (-1: not there)."""
         return -1 if self.host is None else self.host.blocks(key)

@@ -280,8 +280,7 @@ class WorkerState:
         """Predicted time to load the part of ``req``'s cached run that is in host memory here
         (none once ``req`` references it: loaded)."""
         cache = self.kv.cache
-        if cache is None or cache.host is None or not cache.host.held or not req.prefix \
-                or req.id in cache.refs:
+        if cache is None or not cache.may_load or not req.prefix or req.id in cache.refs:
             return 0.0
         return cache.host_tokens(req) * self.host_load_s
 
@@ -294,8 +293,8 @@ class WorkerState:
         """``loads_pending``, now for the next iteration here to wait for (a load is not assumed
         to overlap compute)."""
         tokens = self.loads_pending()
-        if tokens:
-            self._loads_taken += tokens // self.kv.block_size
+        if self.kv.cache is not None:
+            self._loads_taken = self.kv.cache.loaded_blocks
         return tokens
 
     def hit(self, req: Request) -> int:
@@ -359,8 +358,7 @@ class WorkerState:
         if req.id in self.holds:
             return True
         cache = self.kv.cache
-        if cache is not None and cache.host is not None and cache.host.held and req.prefix \
-                and not self.can_hold(req):
+        if cache is not None and cache.may_load and req.prefix and not self.can_hold(req):
             return False                     # before loading anything from host memory
         held = self.kv.pin(req) if req.prefix else 0
         tokens = self.kv_tokens_needed(req) - held

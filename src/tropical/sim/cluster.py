@@ -71,9 +71,10 @@ class ClusterSpec:
                       for i, spec in enumerate(self.workers)]
         workers = worker_states(policy, roles, pools, predictors, prefix_cache)
         if host_kv:
-            shared = HostStore(int(host_kv * sum(blocks for blocks, _ in pools)), shared=True)
+            pooled = int(host_kv * sum(blocks for blocks, _ in pools))
+            shared = HostStore(pooled, shared=True) if host_shared else None
             for worker, spec, (blocks, _) in zip(workers, self.workers, pools, strict=True):
-                store = shared if host_shared else HostStore(int(host_kv * blocks))
+                store = shared if shared is not None else HostStore(int(host_kv * blocks))
                 worker.add_host_tier(store, spec.replica.host_load_seconds_per_token)
         return workers
 

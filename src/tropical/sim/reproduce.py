@@ -214,6 +214,7 @@ class Reproduction:
             "kserver_bound_rps": self.kserver_rps,
             "prefix_cache": self.base.prefix_cache,
             "host_kv": self.base.host_kv,
+            "host_tier": self.base.host_tier,
             "prefix_hit_rate": {p: a.result.summary.prefix_hit_rate for p, a in self.at_own.items()},
             "ideal_prefix_hit_rate": self.ideal_hit_rate,
             "ideal_cache_bound_rps": self.ideal_bound,

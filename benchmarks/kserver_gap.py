@@ -18,7 +18,12 @@ For each trace (the paper cluster, the preset SLOs):
     own prefill, so a short prompt queued behind long ones misses first; the ideals serve the
     earliest deadline first, preempting),
   - over the run: the miss rate in each tenth of the arrivals, each worker's busy share of the
-    run (its last finish) and the prefix hit rate beside the ideal cache's that the bounds assume.
+    run (its last finish) and the prefix hit rate beside the ideal cache's that the bounds assume;
+  - against part of the ideal: the TTFT attainment of 1, 2, ... k ideal servers at one worker's
+    speed each, of k servers that preempt a prompt only after ``--quantum`` seconds (one
+    iteration of a serving engine) and of k that never preempt, and how many ideal servers
+    `tropical+`'s TTFT attainment is worth (interpolated between whole servers): the share of
+    the fleet it serves prompts with, as the ideal would.
 
     .venv/bin/python benchmarks/kserver_gap.py --traces synthetic,azure-code [--json]
 """
@@ -27,11 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 from collections.abc import Sequence
 
 from tropical.config import SimConfig
-from tropical.core.metrics import miss_cause
+from tropical.core.metrics import miss_cause, ttft
 from tropical.core.request import Request
 from tropical.report.markdown import CAUSES
 from tropical.report.tables import render
@@ -78,17 +84,36 @@ def by_worker(requests: Sequence[Request]) -> list[dict]:
             for (w, p), n in sorted(keys.items(), key=str)]
 
 
-def decompose(pooled: PooledCluster, rate: float, window: float) -> dict:
+def worth_servers(attained: float, ideal: Sequence[float]) -> float:
+    """How many ideal servers ``attained`` is worth, given ``ideal[j - 1]``, the attainment of j
+    of them: interpolated between the two whole counts around it (from none, which attain
+    nothing, below one; ``len(ideal)`` at or above what all of them attain)."""
+    below, fewer = 0.0, 0
+    for count, share in enumerate(ideal, 1):
+        if attained <= share:
+            return fewer + (attained - below) / (share - below) if share > below else float(count)
+        below, fewer = share, count
+    return float(len(ideal))
+
+
+def decompose(pooled: PooledCluster, rate: float, window: float, quantum: float) -> dict:
     """`tropical+` at ``rate`` req/s beside the ideals, its misses by cause, load and worker."""
     exp = pooled.exp
     run = simulate(exp.with_policy("tropical+").at_rate(rate / exp.trace.mean_rate))
     requests = run.requests
     causes = Counter(miss_cause(r) for r in requests)
     span = max(r.finish or r.arrival for r in requests)
+    ideal = [pooled.servers_attainment(rate, count) for count in range(1, pooled.workers + 1)]
+    in_time = sum(r.first_token is not None and ttft(r) <= r.slo.ttft for r in requests) / len(requests)
     return {
         "rate_rps": rate,
         "kserver_ttft_attainment": pooled.attainment(rate, pooled.workers),
         "pooled_ttft_attainment": pooled.attainment(rate),
+        "ideal_servers_ttft_attainment": ideal,
+        "quantum_s": quantum,
+        "kserver_quantum_ttft_attainment": pooled.servers_attainment(rate, pooled.workers, quantum),
+        "kserver_no_preemption_ttft_attainment": pooled.servers_attainment(rate, pooled.workers, math.inf),
+        "ttft_attainment": in_time, "worth_servers": worth_servers(in_time, ideal),
         "attainment": run.summary.attainment, "stream_attainment": run.summary.stream_attainment,
         "causes": {c: causes[c] / len(requests) for c in CAUSES},
         "by_load": by_load(requests, window_loads(pooled, rate, window), window),
@@ -123,7 +148,8 @@ def by_tenth(requests: Sequence[Request]) -> list[float]:
     return [sum(miss_cause(r) is not None for r in part) / max(1, len(part)) for part in tenths]
 
 
-def study(trace: str, policies: list[str], window: float, past: float, processes: int) -> dict:
+def study(trace: str, policies: list[str], window: float, past: float, quantum: float,
+          processes: int) -> dict:
     base = experiment(SimConfig(trace=trace).with_preset())
     pooled = PooledCluster.of(base)
     kserver, pooled_cap = pooled.kserver_capacity(), pooled.capacity()
@@ -135,8 +161,8 @@ def study(trace: str, policies: list[str], window: float, past: float, processes
         "trace": trace, "requests": len(base.trace), "workers": pooled.workers,
         "bound_rps": pooled.bound.rate_rps, "pooled_bound_rps": pooled_cap, "kserver_bound_rps": kserver,
         "capacity_rps": {p: c.capacity_rps for p, c in found.items()},
-        "decomposed": {"the k-server bound": decompose(pooled, kserver, window),
-                       f"{past:g}x tropical+'s capacity": decompose(pooled, past * own, window)},
+        "decomposed": {"the k-server bound": decompose(pooled, kserver, window, quantum),
+                       f"{past:g}x tropical+'s capacity": decompose(pooled, past * own, window, quantum)},
     }
 
 
@@ -175,8 +201,23 @@ def decomposed_markdown(label: str, at: dict) -> str:
              + f"; last finish {at['span_s']:.0f} s after the first arrival, last arrival "
              f"{at['last_arrival_s']:.0f} s; prefix hit rate {at['prefix_hit_rate']:.1%}; busy share of "
              "the run by worker: "
-             + ", ".join(f"{i} ({w['role']}) {w['busy']:.0%}" for i, w in enumerate(at["busy"])) + ".", ""]
+             + ", ".join(f"{i} ({w['role']}) {w['busy']:.0%}" for i, w in enumerate(at["busy"])) + ".", "",
+             "Against part of the ideal (TTFT SLOs met):", "",
+             render(["ideal", "TTFT attainment"], ideal_rows(at)), "",
+             f"`tropical+` meets {at['ttft_attainment']:.1%} of TTFT SLOs: what "
+             f"{at['worth_servers']:.2f} of the {len(at['ideal_servers_ttft_attainment'])} ideal servers "
+             "meet.", ""]
     return "\n".join(lines)
+
+
+def ideal_rows(at: dict) -> list[list[str]]:
+    ideal = at["ideal_servers_ttft_attainment"]
+    rows = [[f"{count} server{'s' if count > 1 else ''}, preemptive", f"{share:.1%}"]
+            for count, share in enumerate(ideal, 1)]
+    return rows + [[f"{len(ideal)} servers, a prompt preempted after {at['quantum_s']:g} s",
+                    f"{at['kserver_quantum_ttft_attainment']:.1%}"],
+                   [f"{len(ideal)} servers, never preempted",
+                    f"{at['kserver_no_preemption_ttft_attainment']:.1%}"]]
 
 
 def main() -> None:
@@ -186,11 +227,15 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=60.0, help="seconds per arrival window")
     parser.add_argument("--past", type=float, default=1.5,
                         help="also decompose at this multiple of tropical+'s capacity")
+    parser.add_argument("--quantum", type=float, default=0.1,
+                        help="seconds a prompt keeps its ideal server once started, for the ideal that "
+                             "preempts only between iterations")
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     policies = args.policies.split(",")
-    results = [study(t, policies, args.window, args.past, args.processes) for t in args.traces.split(",")]
+    results = [study(t, policies, args.window, args.past, args.quantum, args.processes)
+               for t in args.traces.split(",")]
     print(json.dumps(results) if args.json else "\n".join(markdown(r) for r in results))
 
 

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,6 +29,23 @@ def test_an_urgent_arrival_preempts_one_of_the_busy_servers():
     assert deadline_attainment(jobs, speed=1.0, servers=2) == 1.0
 
 
+def test_an_urgent_arrival_waits_out_the_quantum_of_the_prompts_running():
+    jobs = [(0.0, 3.0, 10.0), (0.0, 3.0, 10.0), (1.0, 1.0, 2.0)]
+    assert deadline_attainment(jobs, speed=1.0, servers=2, quantum=0.0) == 1.0
+    assert deadline_attainment(jobs, speed=1.0, servers=2, quantum=0.5) == 1.0    # up at 1.0: it runs
+    assert deadline_attainment(jobs, speed=1.0, servers=2, quantum=2.0) == pytest.approx(2 / 3)
+    assert deadline_attainment(jobs, speed=1.0, servers=2, quantum=math.inf) == pytest.approx(2 / 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0.01, 5), st.floats(0.01, 20)),
+                min_size=1, max_size=30), st.floats(0.2, 4), st.integers(1, 4))
+def test_a_quantum_longer_than_every_job_is_no_preemption(raw, speed, servers):
+    jobs = [(arrival, work, arrival + slack) for arrival, work, slack in raw]
+    assert (deadline_attainment(jobs, speed, servers, quantum=6.0 / speed)
+            == deadline_attainment(jobs, speed, servers, quantum=math.inf))
+
+
 def test_a_hopeless_prompt_yields_its_server():
     jobs = [(0.0, 5.0, 1.0), (0.0, 5.0, 1.0), (0.0, 1.0, 2.0), (0.0, 1.0, 2.0)]
     assert deadline_attainment(jobs, speed=1.0, servers=2) == 0.5
@@ -37,6 +56,8 @@ def test_bad_input_is_named():
         deadline_attainment([(0.0, 1.0, 1.0)], speed=1.0, servers=0)
     with pytest.raises(ValueError, match="at least one job"):
         deadline_attainment([], speed=1.0, servers=2)
+    with pytest.raises(ValueError, match="quantum of at least 0 s, got -1"):
+        deadline_attainment([(0.0, 1.0, 1.0)], speed=1.0, quantum=-1.0)
 
 
 @settings(max_examples=60, deadline=None)

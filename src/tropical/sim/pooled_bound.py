@@ -82,6 +82,14 @@ class PooledCluster:
             return 0.0
         return deadline_attainment(self.jobs(rate), self.prefill_speed(rate) / servers, servers)
 
+    def servers_attainment(self, rate: float, servers: int, quantum: float = 0.0) -> float:
+        """Share of prompts served within their TTFT SLO at ``rate`` by ``servers`` ideal servers
+        at one worker's speed each (fewer than the workers: what part of the fleet would do as
+        the ideal; ``quantum``: see ``core.kserver``)."""
+        if rate >= self.bound.rate_rps:
+            return 0.0
+        return deadline_attainment(self.jobs(rate), self.prefill_speed(rate) / self.workers, servers, quantum)
+
     def capacity(self, target: float = 0.9, rel_tol: float = 0.02, servers: int = 1) -> float:
         """The pooled bound (one server), or with ``servers`` the k-server bound, in req/s."""
         mean = self.exp.trace.mean_rate

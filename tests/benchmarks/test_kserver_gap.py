@@ -1,0 +1,29 @@
+import pytest
+
+from tests.benchmarks.scripts import load
+
+gap = load("kserver_gap")
+
+
+def test_an_attainment_is_worth_the_ideal_servers_around_it_interpolated():
+    ideal = [0.5, 0.8, 0.9, 0.95]
+    assert gap.worth_servers(0.8, ideal) == pytest.approx(2.0)
+    assert gap.worth_servers(0.65, ideal) == pytest.approx(1.5)
+    assert gap.worth_servers(0.25, ideal) == pytest.approx(0.5)     # from none, which meet nothing
+    assert gap.worth_servers(0.99, ideal) == 4.0
+    assert gap.worth_servers(0.9, [0.9, 0.9]) == 1.0                # a flat step: the fewest servers
+
+
+def test_the_decomposition_sets_the_policy_beside_part_of_the_ideal():
+    from tropical.config import SimConfig
+    from tropical.sim.build import experiment
+    from tropical.sim.pooled_bound import PooledCluster
+
+    pooled = PooledCluster.of(experiment(SimConfig(trace="azure-code", limit=300).with_preset()))
+    at = gap.decompose(pooled, 2.0, 60.0, 0.1)
+    ideal = at["ideal_servers_ttft_attainment"]
+    assert len(ideal) == pooled.workers and ideal[-1] == at["kserver_ttft_attainment"]
+    assert ideal == sorted(ideal)
+    assert 0.0 <= at["worth_servers"] <= pooled.workers
+    assert at["ttft_attainment"] >= at["attainment"]
+    assert "never preempted" in gap.decomposed_markdown("a rate", at)

@@ -26,4 +26,6 @@ def test_the_decomposition_sets_the_policy_beside_part_of_the_ideal():
     assert ideal == sorted(ideal)
     assert 0.0 <= at["worth_servers"] <= pooled.workers
     assert at["ttft_attainment"] >= at["attainment"]
-    assert "never preempted" in gap.decomposed_markdown("a rate", at)
+    assert 0.0 <= at["kserver_bound_no_preemption_ttft_attainment"] <= 1.0
+    text = gap.decomposed_markdown("a rate", at)
+    assert "never preempted" in text and "bound at arrival, never preempted" in text

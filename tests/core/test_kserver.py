@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.sim.test_simulator import cluster
-from tropical.core.kserver import deadline_attainment
+from tropical.core.kserver import bound_attainment, deadline_attainment
 from tropical.core.slo import SLOSpec
 from tropical.sim.pooled_bound import PooledCluster
 from tropical.sim.run import Experiment
@@ -82,3 +82,26 @@ def test_a_ttft_slo_below_one_workers_prefill_leaves_the_k_server_bound_nothing(
     assert tight.workers == 4
     assert tight.kserver_capacity() == 0 < tight.capacity()
     assert 0 < loose.kserver_capacity() <= loose.capacity() <= loose.bound.rate_rps
+
+
+def test_a_prompt_bound_to_a_busy_server_waits_unless_it_preempts():
+    jobs = [(0.0, 3.0, 10.0), (0.0, 3.0, 10.0), (1.0, 1.0, 2.5)]
+    assert bound_attainment(jobs, speed=1.0, servers=2) == 1.0
+    assert bound_attainment(jobs, speed=1.0, servers=2, preemptive=False) == pytest.approx(2 / 3)
+
+
+def test_a_bound_prompt_misses_what_a_shared_queue_would_meet():
+    # the urgent job goes to the server with less work left, whose running job ends too late
+    # for it; from a shared queue it takes the other server, which frees first
+    jobs = [(0.0, 3.0, 100.0), (0.0, 1.5, 100.0), (0.0, 2.0, 100.0), (1.0, 1.0, 2.6)]
+    assert deadline_attainment(jobs, speed=1.0, servers=2, quantum=math.inf) == 1.0
+    assert bound_attainment(jobs, speed=1.0, servers=2, preemptive=False) == 0.75
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0.01, 5), st.floats(0.01, 20)),
+                min_size=1, max_size=30), st.floats(0.2, 4))
+def test_one_bound_server_is_the_one_ideal_server(raw, speed):
+    jobs = [(arrival, work, arrival + slack) for arrival, work, slack in raw]
+    assert bound_attainment(jobs, speed, 1) == deadline_attainment(jobs, speed, 1)
+    assert bound_attainment(jobs, speed, 1, preemptive=False) == deadline_attainment(jobs, speed, 1, math.inf)

@@ -68,3 +68,79 @@ def deadline_attainment(jobs: Sequence[Job], speed: float, servers: int = 1, qua
                 held.append((deadline, i, lock))
         now = until
     return met / len(order)
+
+
+def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive: bool = True) -> float:
+    """``deadline_attainment`` with every job bound at its arrival to the server with the least
+    work left (its queue and the job it runs; lowest index breaks ties), as a router binds a
+    prompt to one worker's queue, each server serving its own jobs earliest deadline first,
+    hopeless ones yielding; ``preemptive``: an arrival with an earlier deadline takes its
+    server from the job running there, else it waits for that job's end."""
+    if not jobs:
+        raise ValueError("deadline attainment needs at least one job")
+    if servers < 1:
+        raise ValueError(f"deadline attainment needs at least one server, got {servers}")
+    if speed <= 0:
+        return 0.0
+    order = sorted(jobs)
+    fleet = [_BoundServer([work for _, work, _ in order], speed) for _ in range(servers)]
+    for i, (arrival, work, deadline) in enumerate(order):
+        for server in fleet:
+            server.advance(arrival)
+        least = min(range(servers), key=lambda s: fleet[s].work)
+        fleet[least].take(deadline, i, work, preemptive)
+    for server in fleet:
+        server.advance(math.inf)
+    return sum(server.met for server in fleet) / len(order)
+
+
+class _BoundServer:
+    """One server of ``bound_attainment``: its queue by deadline, the job it runs, its clock,
+    the work its jobs have left and how many it finished in time. ``left`` is shared by all
+    servers, by job (a plain class: compiled)."""
+
+    __slots__ = ("left", "speed", "queue", "running", "now", "work", "met")
+
+    def __init__(self, left: list[float], speed: float) -> None:
+        self.left, self.speed = left, speed
+        self.queue: list[tuple[float, int]] = []
+        self.running: tuple[float, int] | None = None
+        self.now, self.work, self.met = 0.0, 0.0, 0
+
+    def take(self, deadline: float, i: int, work: float, preemptive: bool) -> None:
+        """Queue job ``i``, which arrives now; preemptive, it runs now if its deadline is earlier."""
+        self.work += work
+        heapq.heappush(self.queue, (deadline, i))
+        if preemptive and self.running is not None and (deadline, i) < self.running:
+            heapq.heappush(self.queue, self.running)
+            self.running = None
+        if self.running is None:
+            self._next()
+
+    def advance(self, until: float) -> None:
+        """Run the queue up to ``until`` (a job ending then leaves its server to whatever
+        arrives then too: the next is chosen with it)."""
+        while self.running is not None or (self.now < until and self._next()):
+            assert self.running is not None
+            i = self.running[1]
+            end = self.now + self.left[i] / self.speed
+            if end > until:
+                done = (until - self.now) * self.speed
+                self.left[i] -= done
+                self.work -= done
+                break
+            self.work -= self.left[i]
+            self.now, self.running = end, None
+            self.met += 1
+        if until < math.inf:
+            self.now = until
+
+    def _next(self) -> bool:
+        """Start the earliest deadline that can still be met (the others yield: dropped)."""
+        while self.queue:
+            deadline, i = heapq.heappop(self.queue)
+            if self.now + self.left[i] / self.speed <= deadline:
+                self.running = (deadline, i)
+                return True
+            self.work -= self.left[i]
+        return False

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tropical.core.capacity import find_capacity
-from tropical.core.kserver import Job, deadline_attainment
+from tropical.core.kserver import Job, bound_attainment, deadline_attainment
 from tropical.core.slo import SLO
 from tropical.sim.bound import Work, WorkBound, bound_from, cluster_works
 from tropical.sim.ideal_cache import FURTHEST, ideal_hits
@@ -89,6 +89,14 @@ class PooledCluster:
         if rate >= self.bound.rate_rps:
             return 0.0
         return deadline_attainment(self.jobs(rate), self.prefill_speed(rate) / self.workers, servers, quantum)
+
+    def bound_attainment(self, rate: float, preemptive: bool = True) -> float:
+        """``servers_attainment`` of the k servers with each prompt bound at its arrival to the
+        one with the least work left (see ``core.kserver.bound_attainment``)."""
+        if rate >= self.bound.rate_rps:
+            return 0.0
+        return bound_attainment(self.jobs(rate), self.prefill_speed(rate) / self.workers, self.workers,
+                                preemptive)
 
     def capacity(self, target: float = 0.9, rel_tol: float = 0.02, servers: int = 1) -> float:
         """The pooled bound (one server), or with ``servers`` the k-server bound, in req/s."""

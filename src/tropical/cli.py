@@ -62,6 +62,9 @@ POLICY_HELP = {
                             "1024 for tropical+, --max-batched-tokens for tropical; a lone prompt "
                             "may exceed it, so a small budget runs prompts one at a time in queue "
                             "order)",
+    "spare_finishing": "true: a multiplexing worker's iteration that finishes a prompt takes no "
+                       "chunk of a later prompt that would make the finished one miss its TTFT "
+                       "SLO (default: true for tropical+, false for tropical)",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
     "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "

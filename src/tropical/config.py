@@ -37,8 +37,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 class PolicyConfig:
     """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
     rule, look-ahead, demotion of doomed requests, chunked multiplexing, laxity order, Path 1's
-    dispatch, online correction of predictions, roles both ways, banked slack in bursts and the
-    prefill workers' batch; and, for every policy, which requests to refuse before any work
+    dispatch, online correction of predictions, roles both ways, banked slack in bursts, the
+    prefill workers' batch and whether multiplexing workers spare the prompts an iteration
+    finishes; and, for every policy, which requests to refuse before any work
     (``admission``, see ``sched.rejection``)."""
 
     policy: str = "tropical"
@@ -57,6 +58,7 @@ class PolicyConfig:
     roles_both_ways: bool = False
     burst_multiplex: bool = False
     prefill_batch_tokens: int | None = None
+    spare_finishing: bool | None = None
     kv_overlap_weight: float = OVERLAP_WEIGHT
     admission: str = "none"
 
@@ -69,7 +71,8 @@ class PolicyConfig:
                               chunked=self.chunked_multiplex, laxity=self.laxity,
                               least_loaded=self.least_loaded, correct=self.correct_predictions,
                               flex=self.roles_both_ways, burst=self.burst_multiplex,
-                              prefill_budget=self.prefill_batch_tokens)
+                              prefill_budget=self.prefill_batch_tokens,
+                              spare_finishing=self.spare_finishing)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
                             self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 

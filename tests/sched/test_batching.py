@@ -140,3 +140,34 @@ def test_a_decode_already_behind_holds_the_prompt_until_it_catches_up():
     assert batch.decode_only and batch.held
     on_time = form_batch(_multiplexing_worker_with(decoding_since=0.12), now=0.12)
     assert on_time.prefills and not on_time.held
+
+
+def _short_then_long(spare: bool, short_ttft: float):
+    """A chunked multiplexing worker with three decodes (TPOT SLO 0.1 s) and, queued in order,
+    a short multiplexed prompt and a long one."""
+    rules = BatchRules(prefill_first=False, chunked=True, token_budget=8192,
+                       tpot_guard=SlackRule.ITERATION, spare_finishing=spare)
+    worker = make_worker(Role.MULTIPLEX, rules=rules)
+    for i in range(3):
+        start_decoding(worker, make_request(100 + i, output=50, tpot=0.1))
+    short, long = make_request(1, prompt=200, ttft=short_ttft), make_request(2, prompt=6000, ttft=60.0)
+    for req in (short, long):
+        req.path = PrefillPath.MULTIPLEX
+        worker.enqueue(req)
+    return worker, short, long
+
+
+def test_an_iteration_that_finishes_a_prompt_spares_it_a_later_chunk_that_would_cost_its_slo():
+    worker, short, long = _short_then_long(spare=False, short_ttft=1.0)
+    decodes = BatchShape.decode(3, worker.decode_context)
+    alone = worker.latency.iteration_time(decodes.plus_prefill(200, 0))
+    packed = form_batch(worker)
+    assert [req for req, _, _ in packed.prefills] == [short, long]
+    full = worker.latency.iteration_time(packed.shape)
+    assert alone < full <= 0.1
+    tight = (alone + full) / 2                       # met alone, missed with the chunk beside it
+    for spare, expected in ((True, [1]), (False, [1, 2])):
+        worker, _, _ = _short_then_long(spare, tight)
+        assert [req.id for req, _, _ in form_batch(worker).prefills] == expected
+    worker, _, _ = _short_then_long(spare=True, short_ttft=1.0)          # met either way
+    assert [req.id for req, _, _ in form_batch(worker).prefills] == [1, 2]

@@ -53,6 +53,16 @@ def test_tropical_plus_demotes_and_batches_short_by_default_and_its_flags_overri
     assert (plain.demote_doomed, plain.prefill_budget) == (False, 4096)
 
 
+def test_tropical_plus_spares_finishing_prompts_by_default_and_the_papers_toggle_does_not() -> None:
+    plus, paper = make_policy("tropical+"), make_policy("tropical")
+    assert plus.rules(Role.MULTIPLEX).spare_finishing and not paper.rules(Role.MULTIPLEX).spare_finishing
+    assert not make_policy("tropical+", SimConfig(spare_finishing=False).policy_params()).rules(
+        Role.MULTIPLEX).spare_finishing
+    assert make_policy("tropical", SimConfig(spare_finishing=True).policy_params()).rules(
+        Role.MULTIPLEX).spare_finishing
+    assert not plus.rules(Role.PREFILL).spare_finishing
+
+
 def test_the_papers_toggle_keeps_its_own_defaults() -> None:
     paper = _toggle("tropical")
     assert (paper.demote_doomed, paper.prefill_budget, paper.chunked) == (False, None, False)

@@ -60,6 +60,8 @@ def form_batch(worker: WorkerState, now: float = 0.0) -> Batch:
     ``now`` is the iteration's start; only the TPOT guard of multiplexing workers reads it.
     """
     batch = _guard_tpot(worker, _compose(worker), now)
+    if worker.rules.spare_finishing:
+        batch = _spare_finishing(worker, batch, now)
     worker.start_prefills([(req, new) for req, new, _ in batch.prefills])
     batch.loaded = worker.take_loads()
     return batch
@@ -99,6 +101,29 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
         kept = batch.prefills[:i] + ([(req, chunk, cached)] if chunk else [])
         held = not kept and worker.rules.chunked and limit < _tightest_tpot(worker, batch)
         return Batch(kept, batch.decode_count, batch.decode_context, held)
+    return batch
+
+
+def _spare_finishing(worker: WorkerState, batch: Batch, now: float) -> Batch:
+    """The batch without its last prompt's chunk (one that leaves some of that prompt for later)
+    if, with it, a prompt the iteration finishes would miss its TTFT SLO that it meets without:
+    the chunk would only fill the iteration's room, and the finished prompt's first token comes
+    when the iteration ends. Under laxity order the finished prompt is the more urgent; the
+    later one loses one iteration's room."""
+    if len(batch.prefills) < 2:
+        return batch
+    *ahead, (last, new, cached) = batch.prefills
+    finishing = [req for req, tokens, _ in ahead if tokens == req.remaining_prompt]
+    if new == last.remaining_prompt or not finishing:
+        return batch
+    shape = BatchShape.decode(batch.decode_count, batch.decode_context)
+    for _, tokens, done in ahead:
+        shape = shape.plus_prefill(tokens, done)
+    start = now + worker.loads_pending() * worker.host_load_s
+    without = start + worker.latency.iteration_time(shape)
+    full = start + worker.latency.iteration_time(shape.plus_prefill(new, cached))
+    if any(without - req.arrival <= req.slo.ttft < full - req.arrival for req in finishing):
+        return Batch(ahead, batch.decode_count, batch.decode_context, batch.held)
     return batch
 
 

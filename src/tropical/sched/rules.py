@@ -36,6 +36,9 @@ class BatchRules:
     decodes' TPOT slack under this rule; one that no longer does waits for a later iteration.
     ``laxity``: queue prompts by the latest time their prefill may start and still meet the
     TTFT SLO (least slack first) instead of by arrival.
+    ``spare_finishing``: an iteration that finishes a prompt takes no chunk of a later prompt that
+    would make the finished one miss its TTFT SLO (chunked prefill fills each iteration's room
+    with the next prompt, and a prompt's first token comes when its last iteration ends).
     """
 
     prefill_first: bool = False
@@ -44,6 +47,7 @@ class BatchRules:
     max_seqs: int = 256
     tpot_guard: SlackRule | None = None
     laxity: bool = False
+    spare_finishing: bool = False
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_seqs < 1:

@@ -72,7 +72,11 @@ class ToggleParams:
     prefill worker batches per iteration (``prefill_budget``; None: the policy's default,
     ``max_batched_tokens`` for the paper's toggle; a lone prompt may exceed it, so a small
     budget runs long prompts one at a time in queue order, as the k-server bound does, and a
-    short urgent prompt waits for one prompt, not a batch)."""
+    short urgent prompt waits for one prompt, not a batch), and whether a multiplexing worker's
+    iteration that finishes a prompt leaves out a later prompt's chunk that would make the
+    finished one miss its TTFT SLO (``spare_finishing``; None: the policy's default, on for
+    ``tropical+``; Path 2's finish is priced so, each prompt's last iteration only as long as
+    its own work, see ``Chunk.finish``)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -87,6 +91,7 @@ class ToggleParams:
     cache_aware: bool = True
     burst: bool = False
     prefill_budget: int | None = None
+    spare_finishing: bool | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_budget is not None and self.prefill_budget < 1:
@@ -154,7 +159,8 @@ class TropicalPolicy(Policy):
         self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
                                      laxity=self.toggle.laxity and self.toggle.chunked,
                                      token_budget=max_batched_tokens, max_seqs=max_seqs,
-                                     tpot_guard=self._path2_slack)
+                                     tpot_guard=self._path2_slack,
+                                     spare_finishing=bool(self.toggle.spare_finishing))
         self._checks: dict[int, int] = {}
         self._round: dict[int, NextIteration] = {}
         self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}

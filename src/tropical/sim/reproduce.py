@@ -49,7 +49,9 @@ ABLATION: dict[str, dict[str, object]] = {
     "chunked multiplexing + laxity order, baselines' dispatch": PLUS_MECHANISMS,
     "the same + roles both ways": {**PLUS_MECHANISMS, "flex": True},
     "the same + demotion": {**PLUS_MECHANISMS, "demote_doomed": True},
-    f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches (tropical+)": {
+    f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False},
+    "the same + finishing prompts spared a later prompt's chunk (tropical+)": {
         **PLUS_MECHANISMS, **PLUS_DEFAULTS},
     "tropical+, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
                                                "cache_aware": False},

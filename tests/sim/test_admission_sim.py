@@ -100,17 +100,19 @@ def attained_in_flood(toggle: ToggleParams) -> dict[AdmissionMode, int]:
 
 def test_admission_lifts_goodput_past_capacity_where_doomed_prompts_keep_their_place():
     """Admitting everything to a toggle that does not demote, most requests wait behind others
-    that miss too."""
-    attained = attained_in_flood(ToggleParams(demote_doomed=False))
+    that miss too (the toggle as it was measured: nor does it spare the prompts an iteration
+    finishes, which alone lifts admitting everything here from 12 to 16 in time)."""
+    attained = attained_in_flood(ToggleParams(demote_doomed=False, spare_finishing=False))
     assert attained[AdmissionMode.EARLY_REJECT] > 2 * attained[AdmissionMode.NONE]
 
 
 def test_under_demotion_refusing_early_serves_about_as_many_in_time():
     """``tropical+`` demotes doomed prompts by default: admitting everything, they wait behind
-    the rest instead of delaying it, so the flood's goodput no longer collapses (measured: 28
-    against 26 of 120 refusing early; refusal's gain is answering at once, before any work)."""
+    the rest instead of delaying it, so the flood's goodput no longer collapses (measured: 29
+    of 120 in time, 16 without demotion, against 27 refusing early; refusal's gain is answering
+    at once, before any work)."""
     attained = attained_in_flood(ToggleParams())
-    assert attained[AdmissionMode.NONE] > 2 * attained_in_flood(
+    assert attained[AdmissionMode.NONE] > 1.5 * attained_in_flood(
         ToggleParams(demote_doomed=False))[AdmissionMode.NONE]
     assert attained[AdmissionMode.EARLY_REJECT] >= attained[AdmissionMode.NONE] - 3
 

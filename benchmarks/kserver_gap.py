@@ -5,6 +5,8 @@ For each trace (the paper cluster, the preset SLOs):
 
 - the work bound, the pooled bound and the k-server bound (``sim.pooled_bound``), and each policy's
   capacity (``tropical sweep``'s search), as a share of the k-server and the pooled bound;
+- the capacity of each variant of the k-server ideal (its servers never preempting, each prompt
+  bound at its arrival to one server, both), and each policy's share of it;
 - at the k-server bound's rate (where the ideal of k servers meets >= 90% of TTFT SLOs) and at
   ``--past`` times `tropical+`'s own capacity (just past it): the ideals' TTFT attainment and
   `tropical+`'s attainment, then its misses
@@ -156,7 +158,8 @@ def study(trace: str, policies: list[str], window: float, past: float, quantum: 
           processes: int) -> dict:
     base = experiment(SimConfig(trace=trace).with_preset())
     pooled = PooledCluster.of(base)
-    kserver, pooled_cap = pooled.kserver_capacity(), pooled.capacity()
+    ideals, pooled_cap = pooled.ideal_capacities(), pooled.capacity()
+    kserver = ideals["k servers"]
     found = capacities({p: base.with_policy(p) for p in policies}, processes=processes, progress=None)
     own = found["tropical+"].capacity_rps
     hits = cache_hits(base) or [0]
@@ -165,6 +168,7 @@ def study(trace: str, policies: list[str], window: float, past: float, quantum: 
         "trace": trace, "requests": len(base.trace), "workers": pooled.workers,
         "bound_rps": pooled.bound.rate_rps, "pooled_bound_rps": pooled_cap, "kserver_bound_rps": kserver,
         "capacity_rps": {p: c.capacity_rps for p, c in found.items()},
+        "ideal_capacity_rps": ideals,
         "decomposed": {"the k-server bound": decompose(pooled, kserver, window, quantum),
                        f"{past:g}x tropical+'s capacity": decompose(pooled, past * own, window, quantum)},
     }
@@ -178,6 +182,11 @@ def markdown(r: dict) -> str:
                       f"cluster-wide cache: {r['ideal_prefix_hit_rate']:.1%} of prompt tokens.", "",
                       render(["policy", "capacity (req/s)", "of k-server bound", "of pooled bound"],
                              [[p, f"{c:.3f}", f"{c / k:.0%}", f"{c / pooled:.0%}"] for p, c in caps.items()]),
+                      "", "Each variant of the k-server ideal, its capacity and each policy's share of it:",
+                      "",
+                      render(["ideal", "capacity (req/s)", *caps],
+                             [[name, f"{ideal:.3f}", *(f"{c / ideal:.0%}" for c in caps.values())]
+                              for name, ideal in r["ideal_capacity_rps"].items()]),
                       "", *(decomposed_markdown(label, at) for label, at in r["decomposed"].items())])
 
 

@@ -29,3 +29,10 @@ def test_the_decomposition_sets_the_policy_beside_part_of_the_ideal():
     assert 0.0 <= at["kserver_bound_no_preemption_ttft_attainment"] <= 1.0
     text = gap.decomposed_markdown("a rate", at)
     assert "never preempted" in text and "bound at arrival, never preempted" in text
+    study = {"trace": "azure-code", "requests": 300, "workers": pooled.workers, "bound_rps": 9.0,
+             "pooled_bound_rps": 4.0, "kserver_bound_rps": 4.0, "ideal_prefix_hit_rate": 0.0,
+             "capacity_rps": {"tropical+": 2.0}, "decomposed": {},
+             "ideal_capacity_rps": {"k servers": 4.0, "k servers, bound at arrival, never preempted": 2.5}}
+    row = next(line for line in gap.markdown(study).splitlines()
+               if line.startswith("k servers, bound at arrival, never preempted"))
+    assert row.split()[-2:] == ["2.500", "80%"]

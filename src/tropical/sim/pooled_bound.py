@@ -15,6 +15,8 @@ rather than proofs: deadline order does not always meet the most deadlines.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tropical.core.capacity import find_capacity
@@ -100,9 +102,27 @@ class PooledCluster:
 
     def capacity(self, target: float = 0.9, rel_tol: float = 0.02, servers: int = 1) -> float:
         """The pooled bound (one server), or with ``servers`` the k-server bound, in req/s."""
+        return self._capacity_of(lambda rate: self.attainment(rate, servers), target, rel_tol)
+
+    def ideal_capacities(self, target: float = 0.9, rel_tol: float = 0.02) -> dict[str, float]:
+        """The highest rate (req/s) at which each variant of the k-server ideal meets ``target``
+        of TTFT SLOs: the bound itself, its servers never preempting, and each prompt bound at
+        its arrival to one server, preempting or not (what a router that binds a prompt to a
+        worker's queue could reach, and one whose workers run each prompt to its end)."""
+        servers = self.workers
+        return {"k servers": self.kserver_capacity(target, rel_tol),
+                "k servers, never preempted": self._capacity_of(
+                    lambda rate: self.servers_attainment(rate, servers, math.inf), target, rel_tol),
+                "k servers, bound at arrival": self._capacity_of(self.bound_attainment, target, rel_tol),
+                "k servers, bound at arrival, never preempted": self._capacity_of(
+                    lambda rate: self.bound_attainment(rate, preemptive=False), target, rel_tol)}
+
+    def _capacity_of(self, attained: Callable[[float], float], target: float, rel_tol: float) -> float:
+        """The highest rate (req/s) at which ``attained(rate)`` meets ``target``, never past the
+        work bound."""
         mean = self.exp.trace.mean_rate
-        found = find_capacity(lambda scale: self.attainment(scale * mean, servers), target=target,
-                              rel_tol=rel_tol, start=self.bound.rate_rps / mean / 2)
+        found = find_capacity(lambda scale: attained(scale * mean), target=target, rel_tol=rel_tol,
+                              start=self.bound.rate_rps / mean / 2)
         return found.rate_scale * mean
 
     def kserver_capacity(self, target: float = 0.9, rel_tol: float = 0.02) -> float:

@@ -105,3 +105,16 @@ def test_one_bound_server_is_the_one_ideal_server(raw, speed):
     jobs = [(arrival, work, arrival + slack) for arrival, work, slack in raw]
     assert bound_attainment(jobs, speed, 1) == deadline_attainment(jobs, speed, 1)
     assert bound_attainment(jobs, speed, 1, preemptive=False) == deadline_attainment(jobs, speed, 1, math.inf)
+
+
+def test_the_ideals_capacities_fall_as_they_bind_prompts_and_stop_preempting():
+    """A long prompt every fourth arrival: short prompts behind one it runs to its end miss."""
+    entries = [TraceEntry(i * 0.5, 16000 if i % 4 == 0 else 300, 20) for i in range(160)]
+    fleet = cluster(num_workers=4, kv_tokens=100_000)
+    pooled = PooledCluster.of(Experiment(Trace("t", tuple(entries)), fleet, "colocated",
+                                         slo=SLOSpec(ttft_scale=3.0, tpot_scale=5.0)))
+    ideals = pooled.ideal_capacities()
+    assert ideals["k servers"] == pooled.kserver_capacity()
+    assert ideals["k servers, never preempted"] < ideals["k servers"]
+    assert ideals["k servers, bound at arrival, never preempted"] < ideals["k servers, bound at arrival"]
+    assert all(0 < rate <= pooled.bound.rate_rps for rate in ideals.values())

@@ -111,7 +111,7 @@ def decompose(pooled: PooledCluster, rate: float, window: float, quantum: float)
     in_time = sum(r.first_token is not None and ttft(r) <= r.slo.ttft for r in requests) / len(requests)
     return {
         "rate_rps": rate,
-        "kserver_ttft_attainment": pooled.attainment(rate, pooled.workers),
+        "kserver_ttft_attainment": ideal[-1],
         "pooled_ttft_attainment": pooled.attainment(rate),
         "ideal_servers_ttft_attainment": ideal,
         "quantum_s": quantum,

@@ -115,6 +115,8 @@ def test_the_ideals_capacities_fall_as_they_bind_prompts_and_stop_preempting():
                                          slo=SLOSpec(ttft_scale=3.0, tpot_scale=5.0)))
     ideals = pooled.ideal_capacities()
     assert ideals["k servers"] == pooled.kserver_capacity()
+    rate = ideals["k servers"]
+    assert pooled.servers_attainment(rate, pooled.workers) == pooled.attainment(rate, pooled.workers)
     assert ideals["k servers, never preempted"] < ideals["k servers"]
     assert ideals["k servers, bound at arrival, never preempted"] < ideals["k servers, bound at arrival"]
     assert all(0 < rate <= pooled.bound.rate_rps for rate in ideals.values())

@@ -26,10 +26,7 @@ def deadline_attainment(jobs: Sequence[Job], speed: float, servers: int = 1, qua
     work per second each, earliest deadline first, hopeless jobs yielding. Preemptive, or with
     ``quantum`` a job keeps its server for that many seconds each time it starts (math.inf: to
     its end), as a serving engine preempts a prompt only between its iterations, if at all."""
-    if not jobs:
-        raise ValueError("deadline attainment needs at least one job")
-    if servers < 1:
-        raise ValueError(f"deadline attainment needs at least one server, got {servers}")
+    _check(jobs, servers)
     if quantum < 0:
         raise ValueError(f"deadline attainment needs a quantum of at least 0 s, got {quantum}")
     if speed <= 0:
@@ -76,14 +73,12 @@ def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive
     prompt to one worker's queue, each server serving its own jobs earliest deadline first,
     hopeless ones yielding; ``preemptive``: an arrival with an earlier deadline takes its
     server from the job running there, else it waits for that job's end."""
-    if not jobs:
-        raise ValueError("deadline attainment needs at least one job")
-    if servers < 1:
-        raise ValueError(f"deadline attainment needs at least one server, got {servers}")
+    _check(jobs, servers)
     if speed <= 0:
         return 0.0
     order = sorted(jobs)
-    fleet = [_BoundServer([work for _, work, _ in order], speed) for _ in range(servers)]
+    left = [work for _, work, _ in order]
+    fleet = [_BoundServer(left, speed) for _ in range(servers)]
     for i, (arrival, work, deadline) in enumerate(order):
         for server in fleet:
             server.advance(arrival)
@@ -92,6 +87,14 @@ def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive
     for server in fleet:
         server.advance(math.inf)
     return sum(server.met for server in fleet) / len(order)
+
+
+def _check(jobs: Sequence[Job], servers: int) -> None:
+    """Refuse what no schedule can be measured on, naming it."""
+    if not jobs:
+        raise ValueError("deadline attainment needs at least one job")
+    if servers < 1:
+        raise ValueError(f"deadline attainment needs at least one server, got {servers}")
 
 
 class _BoundServer:

@@ -112,18 +112,16 @@ def _spare_finishing(worker: WorkerState, batch: Batch, now: float) -> Batch:
     later one loses one iteration's room."""
     if len(batch.prefills) < 2:
         return batch
-    *ahead, (last, new, cached) = batch.prefills
+    *ahead, (last, new, _) = batch.prefills
     finishing = [req for req, tokens, _ in ahead if tokens == req.remaining_prompt]
     if new == last.remaining_prompt or not finishing:
         return batch
-    shape = BatchShape.decode(batch.decode_count, batch.decode_context)
-    for _, tokens, done in ahead:
-        shape = shape.plus_prefill(tokens, done)
+    spared = Batch(ahead, batch.decode_count, batch.decode_context, batch.held)
     start = now + worker.loads_pending() * worker.host_load_s
-    without = start + worker.latency.iteration_time(shape)
-    full = start + worker.latency.iteration_time(shape.plus_prefill(new, cached))
+    without = start + worker.latency.iteration_time(spared.shape)
+    full = start + worker.latency.iteration_time(batch.shape)
     if any(without - req.arrival <= req.slo.ttft < full - req.arrival for req in finishing):
-        return Batch(ahead, batch.decode_count, batch.decode_context, batch.held)
+        return spared
     return batch
 
 

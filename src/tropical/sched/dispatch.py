@@ -119,10 +119,10 @@ def cheapest(workers: Iterable[WorkerState], bound: Callable[[WorkerState], floa
              cost: Callable[[WorkerState], float]) -> tuple[WorkerState, float] | None:
     """The live worker of least ``cost`` (lowest id breaks ties) and that cost, priced in order of
     ``bound``, which is never above ``cost``: the walk stops once no worker further on could win."""
-    return cheapest_of(_sorted((bound(w), w.id, w) for w in workers if w.alive), cost)
+    return cheapest_of(least_bound_first((bound(w), w.id, w) for w in workers if w.alive), cost)
 
 
-def _sorted(bounded: Iterable[Bounded]) -> Iterator[Bounded]:
+def least_bound_first(bounded: Iterable[Bounded]) -> Iterator[Bounded]:
     """``bounded`` least bound first, produced lazily from a heap (one pass, then a logarithm
     a step)."""
     heap = list(bounded)
@@ -135,15 +135,23 @@ def cheapest_of(bounds: Iterable[Bounded],
                 cost: Callable[[WorkerState], float]) -> tuple[WorkerState, float] | None:
     """The worker of least ``cost`` (lowest id breaks ties) and that cost, from workers given in
     order of a bound never above their cost: the walk stops once no worker further on could win."""
-    best: tuple[float, int] | None = None
-    chosen = None
-    for floor, wid, worker in bounds:
-        if best is not None and (floor, wid) > best:
-            break
-        key = (cost(worker), wid)
-        if best is None or key < best:
-            best, chosen = key, worker
-    return None if chosen is None or best is None else (chosen, best[0])
+    first = next(by_cost(bounds, cost), None)
+    return None if first is None else (first[2], first[0])
+
+
+def by_cost(bounds: Iterable[Bounded], cost: Callable[[WorkerState], float]) -> Iterator[Bounded]:
+    """(cost, id, worker) by least ``cost`` (lowest id breaks ties), lazily, from workers given
+    in order of a bound never above their cost: a worker is priced only once every worker
+    priced before it costs more than its bound, so the walk prices those that could come next."""
+    heap: list[Bounded] = []
+    ahead = iter(bounds)
+    upcoming = next(ahead, None)
+    while heap or upcoming is not None:
+        if upcoming is not None and (not heap or (upcoming[0], upcoming[1]) < (heap[0][0], heap[0][1])):
+            heapq.heappush(heap, (cost(upcoming[2]), upcoming[1], upcoming[2]))
+            upcoming = next(ahead, None)
+        else:
+            yield heapq.heappop(heap)
 
 
 class NewTokenFloors:

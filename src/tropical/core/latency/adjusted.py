@@ -37,3 +37,7 @@ class AdjustedModel:
 
     def transfer_time(self, tokens: int) -> float:
         return self.base.transfer_time(tokens) * self.transfer_scale
+
+    @property
+    def monotone(self) -> bool:
+        return self.base.monotone

@@ -54,6 +54,13 @@ class FittedModel:
     def decode_line(self, batch: int) -> tuple[float, float]:
         return self.decode_intercept + self.decode_per_seq * batch, self.decode_per_context
 
+    @property
+    def monotone(self) -> bool:
+        """Its rates are nonnegative; but a mixed batch drops the decode intercept for the
+        prefill one, so a decode batch given a one-token prompt must not get faster."""
+        return (self.prefill_intercept + self.prefill_per_token + 2 * self.prefill_per_pair
+                >= self.decode_intercept)
+
     def transfer_time(self, tokens: int) -> float:
         return self.transfer_latency + tokens * self.kv_bytes_per_token / self.transfer_bandwidth
 

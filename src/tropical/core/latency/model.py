@@ -30,3 +30,11 @@ class LatencyModel(Protocol):
         """Time to migrate the KV of ``tokens`` tokens to another replica over the link."""
         ...
 
+    @property
+    def monotone(self) -> bool:
+        """Does an iteration never get faster as its batch grows (a span added, a span given
+        more new or cached tokens, a decode added or its context grown), and a prompt of a
+        given length never slower for more of it cached? Floors on a prediction built from
+        smaller batches (``sched.path2_floors``) hold only then."""
+        ...
+

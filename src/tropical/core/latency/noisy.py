@@ -49,3 +49,8 @@ class NoisyModel:
 
     def transfer_time(self, tokens: int) -> float:
         return self.truth.transfer_time(tokens) * self._factor((_TRANSFER, tokens))
+
+    @property
+    def monotone(self) -> bool:
+        """A bias scales every prediction alike; an error drawn per question does not."""
+        return self.noise == 0 and self.truth.monotone

@@ -45,6 +45,12 @@ class OnlineLatency:
     def transfer_time(self, tokens: int) -> float:
         return self.base.transfer_time(tokens)
 
+    @property
+    def monotone(self) -> bool:
+        """The prefill part (the base's time less its decodes') and the decode part each grow
+        with the batch under a monotone base, and the scales are positive."""
+        return self.base.monotone
+
     def observe(self, shape: BatchShape, seconds: float, times: int = 1) -> None:
         """An iteration over ``shape`` took ``seconds`` (``times`` alike ones did: a run of
         decode iterations). A mixed one's decode part, priced as now corrected, is taken off

@@ -295,6 +295,12 @@ class RooflineModel:
             self._decode_lines[batch] = line
         return line
 
+    @property
+    def monotone(self) -> bool:
+        """Every term is a fixed cost plus nonnegative rates, and the p-norm grows with both
+        of its times."""
+        return True
+
     def transfer_time(self, tokens: int) -> float:
         """Each TP shard moves its share of the KV in parallel over its own link."""
         if tokens <= 0:

@@ -1,0 +1,68 @@
+"""Path 2 prices the multiplexing workers from the lowest floor up: each floor is never above the
+price it stands for, the walk yields every worker in order of its price, and a fleet decides
+exactly as it does when every worker is priced."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.factories import make_worker
+from tropical.config import SimConfig
+from tropical.sched import tropical
+from tropical.sched.dispatch import by_cost, least_bound_first
+from tropical.sched.path2_floors import chunked_floors
+from tropical.sched.tropical import TropicalPolicy
+from tropical.sim.build import experiment
+from tropical.sim.run import simulate
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), min_size=0, max_size=30))
+def test_by_cost_yields_every_worker_in_order_of_cost_and_prices_only_what_it_must(
+        terms: list[tuple[int, int]]) -> None:
+    workers = [make_worker(wid=i) for i in range(len(terms))]
+    cost = {w.id: float(c) for w, (c, _) in zip(workers, terms, strict=True)}
+    priced: list[int] = []
+
+    def price(worker: object) -> float:
+        priced.append(worker.id)  # type: ignore[attr-defined]
+        return cost[worker.id]  # type: ignore[attr-defined]
+
+    floors = [(cost[w.id] - slack, w.id, w) for w, (_, slack) in zip(workers, terms, strict=True)]
+    bounds = least_bound_first(floors)
+    walk = by_cost(bounds, price)
+    first = next(walk, None)
+    if first is not None:
+        assert all(floor <= first[0] for floor, wid, _ in floors if wid in priced)
+    order = ([first] if first is not None else []) + list(walk)
+    assert [(c, wid) for c, wid, _ in order] == sorted((cost[w.id], w.id) for w in workers)
+    assert sorted(priced) == [w.id for w in workers]
+
+
+def fleet_run(limit: int = 500) -> list[tuple[int, float, float, int | None, int | None]]:
+    cfg = replace(SimConfig(limit=limit).with_preset(), workers=64)
+    result = simulate(experiment(cfg).with_policy("tropical+").at_rate(16.0))
+    return [(r.id, r.first_token, r.finish, r.prefill_worker, r.decode_worker) for r in result.requests]
+
+
+def test_floors_never_exceed_the_price_and_change_no_decision(monkeypatch) -> None:
+    looks = []
+    walk = TropicalPolicy._by_first_look
+
+    def checked(self, req, workers, plans, now):  # type: ignore[no-untyped-def]
+        floor = chunked_floors(req, workers, now)
+        assert floor is not None
+        looks.extend((floor(w), self._first_look(req, w, plans, now)) for w in workers)
+        return walk(self, req, workers, plans, now)
+
+    monkeypatch.setattr(TropicalPolicy, "_by_first_look", checked)
+    floored = fleet_run()
+    assert len(looks) > 1_000
+    assert all(floor <= price for floor, price in looks)
+    assert sum(price < float("inf") for _, price in looks) > 1_000
+    monkeypatch.setattr(TropicalPolicy, "_by_first_look", walk)
+    monkeypatch.setattr(tropical, "FLOORS_FROM", 10**9)
+    assert fleet_run() == floored

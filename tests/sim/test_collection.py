@@ -1,4 +1,4 @@
-"""The collector's thresholds during a simulation, and after it; the heap left at exit."""
+"""The collector during a simulation, and after it; the heap left at exit."""
 
 from __future__ import annotations
 
@@ -8,17 +8,24 @@ import sys
 
 import pytest
 
-from tropical.sim.collection import RARELY, collected_rarely
+from tropical.sim.collection import collection_held
 
 
-def test_the_thresholds_are_raised_inside_and_restored_after_even_on_error() -> None:
-    before = gc.get_threshold()
-    with collected_rarely():
-        assert gc.get_threshold() == RARELY
-    assert gc.get_threshold() == before
-    with pytest.raises(RuntimeError), collected_rarely():
+def test_the_collector_is_off_inside_and_as_it_was_after_even_on_error() -> None:
+    assert gc.isenabled()
+    with collection_held():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collection_held():
         raise RuntimeError("a failed run")
-    assert gc.get_threshold() == before
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_held():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("asked", [0, 2])

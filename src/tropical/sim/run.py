@@ -13,7 +13,7 @@ from tropical.native import running
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
 from tropical.sim.cluster import ClusterSpec
-from tropical.sim.collection import collected_rarely
+from tropical.sim.collection import collection_held
 from tropical.sim.simulator import Simulator, WorkerStats
 from tropical.workload.trace import PREFIX_BLOCK_TOKENS, Trace
 from tropical.workload.transform import scale_rate
@@ -165,7 +165,7 @@ def simulate(exp: Experiment, stop_below: float | None = None) -> SimResult:
     budget = None if stop_below is None else int((1 - stop_below) * len(requests))
     started = time.perf_counter()
     sim = Simulator(workers, policy, requests, exp.cluster.max_context, budget, exp.cluster.truth)
-    with collected_rarely():
+    with collection_held():
         sim.run()
     wall = time.perf_counter() - started
     gaps = GapHistogram.merged(w.gaps.histogram for w in workers)

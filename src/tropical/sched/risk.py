@@ -43,9 +43,9 @@ from its verdict in the last bits)."""
 @dataclass(slots=True, eq=False)
 class QueueRisk:
     """One priced queue's at-risk prompts with its worker free from ``start`` (``late``, by
-    length then place), those of them that have not yielded (``in_place``, by place; none is
-    doomed before ``first_doom``), and those not doomed at ``since`` (``open``, by length then
-    place)."""
+    length then place; none is doomed before ``late_doom``), those of them that have not yielded
+    (``in_place``, by place; none is doomed before ``first_doom``), and those not doomed at
+    ``since`` (``open``, by length then place; none is doomed before ``open_doom``)."""
 
     priced: Priced
     start: float
@@ -53,6 +53,8 @@ class QueueRisk:
     in_place: list[_Late]
     open: list[_Late]
     first_doom: float
+    late_doom: float = math.inf
+    open_doom: float = math.inf
     since: float = -math.inf
 
     @classmethod
@@ -65,8 +67,8 @@ class QueueRisk:
                 late.append((req.prompt_len, place, req, cost, clock))
         by_length = sorted(late, key=itemgetter(0))
         unyielded = [e for e in late if not e[2].yielded]
-        first = min((e[2].arrival + e[2].slo.ttft - e[3] for e in unyielded), default=math.inf)
-        return QueueRisk(priced, start, by_length, unyielded, by_length, first)
+        last = _doom_time(late)
+        return QueueRisk(priced, start, by_length, unyielded, by_length, _doom_time(unyielded), last, last)
 
     def doomed_at(self, now: float) -> list[_Late]:
         """The at-risk prompts that have not yielded and are doomed at ``now``, by place (at every
@@ -83,13 +85,20 @@ class QueueRisk:
         return self.priced is priced and (self.start == start or not priced)
 
     def open_at(self, now: float) -> list[_Late]:
-        """The at-risk prompts not doomed at ``now``."""
+        """The at-risk prompts not doomed at ``now`` (read again only once one of them may be:
+        under a burst a queue holds hundreds, and the toggle asks at every iteration end)."""
         if now < self.since:
-            self.open = self.late
-        if now != self.since:
+            self.open, self.open_doom = self.late, self.late_doom
+        if now != self.since and now + DOOM_MARGIN >= self.open_doom:
             self.open = [e for e in self.open if not doomed(e[2], e[3], now)]
-            self.since = now
+            self.open_doom = _doom_time(self.open)
+        self.since = now
         return self.open
+
+
+def _doom_time(entries: list[_Late]) -> float:
+    """When the first of ``entries`` becomes doomed (each at its TTFT deadline less its cost)."""
+    return min((e[2].arrival + e[2].slo.ttft - e[3] for e in entries), default=math.inf)
 
 
 class AtRisk(Generic[Owner]):

@@ -15,7 +15,7 @@ from tests.sched.test_prefix_cache import BLOCK, keys, prefixed
 from tropical.core.request import Request
 from tropical.sched.baselines import DisaggPolicy
 from tropical.sched.cluster import Cluster
-from tropical.sched.dispatch import decode_destination, has_room, least_work
+from tropical.sched.dispatch import by_load, decode_destination, has_room, least_work
 from tropical.sched.fleet import worker_states
 from tropical.sched.kv_router import kv_cost, lowest_cost
 from tropical.sched.load_index import LoadIndex
@@ -74,8 +74,21 @@ def test_least_work_walks_by_load_and_chooses_what_a_full_look_would(seed, n, la
     live = [w for w in workers if w.alive]
     expected = min(live, key=lambda w: (w.unfinished_tokens + w.prompt_split(req)[0], w.id)) if live else None
     assert least_work(req, workers, tuple(Role)) is expected
+    assert least_work(req, workers, tuple(Role), live) is expected
     LoadIndex.over(workers)
     assert least_work(req, workers, tuple(Role)) is expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), FLEETS)
+def test_a_walk_by_load_among_the_live_workers_a_caller_keeps_is_the_walk_over_the_fleet(seed, n):
+    workers = loaded_fleet(seed, n)
+    for w in workers[::3]:
+        w.role = Role.PREFILL
+    live = [w for w in workers if w.alive and w.role is Role.MULTIPLEX]
+    walked = list(by_load(workers, (Role.MULTIPLEX,)))
+    assert walked == sorted(live, key=lambda w: (w.unfinished_tokens, w.id))
+    assert list(by_load(workers, (Role.MULTIPLEX,), live)) == walked
 
 
 @settings(max_examples=60, deadline=None)

@@ -28,13 +28,23 @@ Bounded = tuple[float, int, WorkerState]
 """A worker with a lower bound on what a choice would cost there, and its id to break ties."""
 
 
-def by_load(workers: Sequence[WorkerState], roles: Sequence[Role]) -> Iterator[WorkerState]:
+def by_load(workers: Sequence[WorkerState], roles: Sequence[Role],
+            among: Sequence[WorkerState] | None = None) -> Iterator[WorkerState]:
     """The live workers of ``roles`` by fewest unfinished tokens (lowest id breaks ties),
-    produced lazily: from the fleet's index if ``workers`` is an indexed fleet."""
+    produced lazily: from the fleet's index if ``workers`` is an indexed fleet. ``among``: the
+    live workers of ``roles``, where the caller keeps them (a pass over the fleet saved)."""
     index = fleet_index(workers)
     if index is None:
-        return least_loaded_first(w for w in workers if w.role in roles)
+        return least_loaded_first(_of_roles(workers, roles) if among is None else among)
     return _exact(index.ordered(roles), workers)
+
+
+def _of_roles(workers: Sequence[WorkerState], roles: Sequence[Role]) -> Iterator[WorkerState]:
+    """The workers of ``roles`` (a generator function: compiled, a generator expression kept in
+    a variable is a list, built whole)."""
+    for worker in workers:
+        if worker.role in roles:
+            yield worker
 
 
 def any_live(workers: Sequence[WorkerState], roles: Sequence[Role],
@@ -98,10 +108,11 @@ def least_loaded_of(workers: Sequence[WorkerState], roles: Sequence[Role]) -> Wo
     return next(by_load(workers, roles), None)
 
 
-def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Role]) -> WorkerState | None:
+def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Role],
+               among: Sequence[WorkerState] | None = None) -> WorkerState | None:
     """The live worker of ``roles`` with the least outstanding work once it took ``req``: its
     unfinished tokens plus the prompt tokens of ``req`` its prefix cache lacks (lowest id breaks
-    ties; without a cache, the same choice as ``fewest_unfinished``)."""
+    ties; without a cache, the same choice as ``fewest_unfinished``). ``among`` as ``by_load``'s."""
     floors = NewTokenFloors.of(req, workers)
     index = fleet_index(workers)
 
@@ -109,7 +120,8 @@ def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Rol
         return worker.unfinished_tokens + worker.prompt_split(req)[0]
 
     if index is None:
-        best = cheapest((w for w in workers if w.role in roles), lambda w: w.load_floor + floors.at(w), cost)
+        best = cheapest(_of_roles(workers, roles) if among is None else among,
+                        lambda w: w.load_floor + floors.at(w), cost)
     else:
         best = cheapest_of(with_workers(index.ordered(roles, floors.vector(len(workers))), workers), cost)
     return None if best is None else best[0]

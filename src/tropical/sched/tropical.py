@@ -411,7 +411,7 @@ class TropicalPolicy(Policy):
             best = earliest_finish(req, self._kept, now)
             return (None, math.inf) if best is None else best
         fleet = self._kept.fleet
-        chosen = (least_work(req, fleet, _PREFILL) if self.toggle.cache_aware
+        chosen = (least_work(req, fleet, _PREFILL, self._kept.prefill) if self.toggle.cache_aware
                   else least_loaded_of(fleet, _PREFILL))
         if chosen is None:
             return None, math.inf
@@ -563,7 +563,7 @@ class TropicalPolicy(Policy):
         arriving request's own TPOT budget; any worker with room when none does. Under chunked
         multiplexing the request rather waits (None) while some worker decodes, so that no
         decode iteration outgrows a TPOT SLO it promised."""
-        chosen = first_fitting(by_load(workers, _MULTIPLEX),
+        chosen = first_fitting(by_load(workers, _MULTIPLEX, self._split(workers)[1]),
                                lambda w: has_room(req, w) and w.id not in self._roles.returning
                                and self._joins_in_time(req, w, now))
         if chosen is not None:
@@ -656,7 +656,7 @@ class Shortlists:
         """The ``count`` least loaded multiplexing workers, least first (all, if fewer): one walk
         by load per decision, taken as far as asked."""
         if self._walk is None:
-            self._walk = by_load(self.roster.fleet, _MULTIPLEX)
+            self._walk = by_load(self.roster.fleet, _MULTIPLEX, self.roster.multiplex)
         while len(self._ranked) < count:
             worker = next(self._walk, None)
             if worker is None:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tropical.core.request import Request
-from tropical.sched.admission import admission_error
+from tropical.sched.admission import Witnesses, admission_error
 from tropical.sched.batching import Batch, form_batch
 from tropical.sched.host_store import HostStore
 from tropical.sched.load_index import LoadIndex
@@ -113,6 +113,7 @@ class Cluster:
         self.stalled: list[tuple[Request, int]] = []
         self._at: dict[int, tuple[Request, int]] = {}
         self._started: dict[int, float] = {}
+        self._witnesses = Witnesses()
 
     def where(self, rid: int) -> int | None:
         """The worker that holds (or is about to hold) request ``rid``."""
@@ -124,7 +125,7 @@ class Cluster:
         return [req for req, at in self._at.values() if at == worker_id]
 
     def admission_error(self, req: Request) -> str | None:
-        return admission_error(req, self.workers, self.max_context)
+        return admission_error(req, self.workers, self.max_context, self._witnesses)
 
     def arrive(self, req: Request, now: float) -> list[Effect]:
         """A new request (or one re-run after its worker died): refuse it or let the policy place it."""

@@ -47,19 +47,21 @@ def _of_roles(workers: Sequence[WorkerState], roles: Sequence[Role]) -> Iterator
             yield worker
 
 
-def any_live(workers: Sequence[WorkerState], roles: Sequence[Role],
-             test: Callable[[WorkerState], bool] | None = None) -> bool:
-    """Is some live worker of ``roles`` there (that passes ``test``)? Asked of the fleet's index
-    if ``workers`` is an indexed fleet, stopping at the first that passes (compiled, ``any``
-    of a generator expression is a loop; a generator expression kept in a variable is a list,
-    built whole)."""
+def first_live(workers: Sequence[WorkerState], roles: Sequence[Role],
+               test: Callable[[WorkerState], bool] | None = None) -> WorkerState | None:
+    """The first live worker of ``roles`` (that passes ``test``), or None. Asked of the fleet's
+    index if ``workers`` is an indexed fleet."""
     index = fleet_index(workers)
     if index is None:
         for worker in workers:
             if worker.alive and worker.role in roles and (test is None or test(worker)):
-                return True
-        return False
-    return any(test is None or test(workers[int(wid)]) for wid in index.live_ids(roles))
+                return worker
+        return None
+    for wid in index.live_ids(roles):
+        worker = workers[int(wid)]
+        if test is None or test(worker):
+            return worker
+    return None
 
 
 def with_workers(ranked: Iterable[Ranked], workers: Sequence[WorkerState]) -> Iterator[Bounded]:

@@ -155,8 +155,9 @@ def cheapest_of(bounds: Iterable[Bounded],
 
 def by_cost(bounds: Iterable[Bounded], cost: Callable[[WorkerState], float]) -> Iterator[Bounded]:
     """(cost, id, worker) by least ``cost`` (lowest id breaks ties), lazily, from workers given
-    in order of a bound never above their cost: a worker is priced only once every worker
-    priced before it costs more than its bound, so the walk prices those that could come next."""
+    in order of a bound never above their cost: a worker is priced only once its bound comes
+    below the least price found and not yet yielded, so the walk prices only those that could
+    come next."""
     heap: list[Bounded] = []
     ahead = iter(bounds)
     upcoming = next(ahead, None)

@@ -49,8 +49,8 @@ def chunked_floors(req: Request, workers: Sequence[WorkerState],
         batch = len(worker.running)
         decode = decode_time(worker.latency, batch, worker.decode_context_floor) if batch else 0.0
         steps = 1 if limit - decode <= 0 else max(1, math.ceil(work / (limit - decode)))
-        carried = worker.rules.token_budget - batch
-        if carried > 0:
-            steps = max(steps, -(-new // carried))
+        per_iteration = worker.rules.token_budget - batch
+        if per_iteration > 0:
+            steps = max(steps, -(-new // per_iteration))
         return max(now, worker.booked_busy_until()) + work + steps * decode
     return floor

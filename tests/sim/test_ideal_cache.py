@@ -3,7 +3,7 @@ hits; bounded, what each eviction order keeps."""
 
 from __future__ import annotations
 
-from tropical.sim.ideal_cache import FURTHEST, LRU, ideal_hits
+from tropical.sim.ideal_cache import FURTHEST, LRU, REUSED, ideal_hits
 from tropical.workload.trace import PREFIX_BLOCK_TOKENS, TraceEntry
 
 B = PREFIX_BLOCK_TOKENS
@@ -29,3 +29,12 @@ def test_a_bounded_cache_keeps_what_its_eviction_order_keeps() -> None:
     assert lru[3:] == [0, 0, 0]
     unbounded = ideal_hits(trace, 16)
     assert all(f <= u and r <= u for f, r, u in zip(furthest, lru, unbounded, strict=True))
+
+
+def test_a_frequency_aware_order_keeps_a_block_used_again_over_newer_ones_used_once() -> None:
+    """Room for two blocks: block 10 is used twice, then 20 and 30 once each. Least recently
+    used drops 10 (the oldest) for 30, so 10's next use misses; used again kept longer drops
+    20 instead, and 10 hits."""
+    trace = [entry(10), entry(10), entry(20), entry(30), entry(10)]
+    assert ideal_hits(trace, 16, 2 * B, LRU)[4] == 0
+    assert ideal_hits(trace, 16, 2 * B, REUSED)[4] == B - 16

@@ -23,7 +23,7 @@ from tropical.config import SimConfig
 from tropical.report.tables import render
 from tropical.sim.build import experiment
 from tropical.sim.ideal_cache import FURTHEST, LRU, REUSED, ideal_hits
-from tropical.workload.trace import PREFIX_BLOCK_TOKENS, TraceEntry
+from tropical.workload.trace import Trace, TraceEntry
 
 EVICTIONS = (LRU, REUSED, FURTHEST)
 SIZES = (1.0, 0.5)
@@ -44,17 +44,16 @@ def reuse_gaps(entries: Sequence[TraceEntry]) -> list[float]:
     return gaps
 
 
-def held_seconds(entries: Sequence[TraceEntry], capacity_tokens: int) -> float:
+def held_seconds(trace: Trace, capacity_tokens: int) -> float:
     """Seconds of the trace's new prefix blocks (tokens first seen) that ``capacity_tokens`` hold."""
     seen: set[int] = set()
     new = 0
-    for entry in entries:
+    for entry in trace.entries:
         for j, key in enumerate(entry.prefix_blocks):
             if key not in seen:
                 seen.add(key)
-                new += min(PREFIX_BLOCK_TOKENS, entry.input_len - j * PREFIX_BLOCK_TOKENS)
-    span = entries[-1].arrival - entries[0].arrival
-    return capacity_tokens / (new / span) if new and span > 0 else float("inf")
+                new += entry.block_tokens(j)
+    return capacity_tokens / (new / trace.duration) if new and trace.duration > 0 else float("inf")
 
 
 def study(trace: str) -> dict[str, object]:
@@ -69,7 +68,7 @@ def study(trace: str) -> dict[str, object]:
         for eviction in EVICTIONS:
             hits[f"{eviction} at {share:g}x KV"] = sum(
                 ideal_hits(entries, block, int(share * capacity), eviction)) / prompt
-    return {"trace": trace, "kv_tokens": capacity, "held_s": held_seconds(entries, capacity),
+    return {"trace": trace, "kv_tokens": capacity, "held_s": held_seconds(exp.trace, capacity),
             "reuse_gap_s": {f"p{int(q * 100)}": float(np.quantile(gaps, q)) if gaps else None
                             for q in QUANTILES},
             "hit_share": hits}

@@ -43,9 +43,9 @@ from its verdict in the last bits)."""
 @dataclass(slots=True, eq=False)
 class QueueRisk:
     """One priced queue's at-risk prompts with its worker free from ``start`` (``late``, by
-    length then place; none is doomed before ``late_doom``), those of them that have not yielded
-    (``in_place``, by place; none is doomed before ``first_doom``), and those not doomed at
-    ``since`` (``open``, by length then place; none is doomed before ``open_doom``)."""
+    length then place), those of them that have not yielded (``in_place``, by place; none is
+    doomed before ``first_doom``), and those not doomed at ``since`` (``open``, by length then
+    place; none is doomed before ``open_doom``)."""
 
     priced: Priced
     start: float
@@ -53,7 +53,6 @@ class QueueRisk:
     in_place: list[_Late]
     open: list[_Late]
     first_doom: float
-    late_doom: float = math.inf
     open_doom: float = math.inf
     since: float = -math.inf
 
@@ -67,8 +66,8 @@ class QueueRisk:
                 late.append((req.prompt_len, place, req, cost, clock))
         by_length = sorted(late, key=itemgetter(0))
         unyielded = [e for e in late if not e[2].yielded]
-        last = _doom_time(late)
-        return QueueRisk(priced, start, by_length, unyielded, by_length, _doom_time(unyielded), last, last)
+        return QueueRisk(priced, start, by_length, unyielded, by_length, _doom_time(unyielded),
+                         _doom_time(late))
 
     def doomed_at(self, now: float) -> list[_Late]:
         """The at-risk prompts that have not yielded and are doomed at ``now``, by place (at every
@@ -88,7 +87,7 @@ class QueueRisk:
         """The at-risk prompts not doomed at ``now`` (read again only once one of them may be:
         under a burst a queue holds hundreds, and the toggle asks at every iteration end)."""
         if now < self.since:
-            self.open, self.open_doom = self.late, self.late_doom
+            self.open, self.open_doom = self.late, _doom_time(self.late)
         if now != self.since and now + DOOM_MARGIN >= self.open_doom:
             self.open = [e for e in self.open if not doomed(e[2], e[3], now)]
             self.open_doom = _doom_time(self.open)

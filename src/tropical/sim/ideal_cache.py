@@ -18,7 +18,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from tropical.workload.trace import PREFIX_BLOCK_TOKENS, TraceEntry
+from tropical.workload.trace import TraceEntry
 
 FURTHEST, LRU, REUSED = "furthest next use", "least recently used", "used again kept longer"
 
@@ -36,7 +36,7 @@ def ideal_hits(entries: Sequence[TraceEntry], block_size: int, capacity_tokens: 
     for i, entry in enumerate(entries):
         hits.append(_run(entry, cached, block_size))
         for j, key in enumerate(entry.prefix_blocks):
-            tokens = min(PREFIX_BLOCK_TOKENS, entry.input_len - j * PREFIX_BLOCK_TOKENS)
+            tokens = entry.block_tokens(j)
             if key not in cached:
                 cached[key] = tokens - tokens % block_size
                 size += cached[key]

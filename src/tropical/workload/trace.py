@@ -18,6 +18,10 @@ class TraceEntry:
     output_len: int
     prefix_blocks: tuple[int, ...] = ()
 
+    def block_tokens(self, i: int) -> int:
+        """Prompt tokens its prefix block ``i`` covers (the last may be partial)."""
+        return min(PREFIX_BLOCK_TOKENS, self.input_len - i * PREFIX_BLOCK_TOKENS)
+
 
 @dataclass(frozen=True, slots=True)
 class Trace:

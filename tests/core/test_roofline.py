@@ -143,6 +143,19 @@ def test_a_prediction_does_not_depend_on_what_is_cached(prefills: list[tuple[int
     assert internlm2().iteration_time(shape) == warm
 
 
+@settings(max_examples=50, deadline=None)
+@given(prefills=spans.filter(bool), decodes=contexts.filter(bool))
+def test_a_mixed_iteration_is_its_ops_summed(prefills: list[tuple[int, int]], decodes: list[int]) -> None:
+    """The model prices a mixed batch from the op classes themselves (the decode attention's
+    per-batch part cached): the same sum, to the last bit, as the ops computed afresh."""
+    shape = BatchShape.of_spans(prefills, decodes)
+    model = MODEL  # shared with every other example: its caches hold other batches' parts
+    attention = (model._prefill.seconds(shape.prefill_tokens, shape.prefill_pairs, shape.prefill_cached)
+                 + model._decode.seconds(shape.decode_count, shape.decode_context))
+    dense = model._dense(shape.prefill_tokens + shape.decode_count, shape.num_prefills + shape.decode_count)
+    assert model.iteration_time(shape) == dense + model._layers * attention
+
+
 def test_the_layer_cache_starts_over_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(roofline, "_CACHED_SHAPES", 4)
     model, cold = internlm2(), internlm2()

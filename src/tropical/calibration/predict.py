@@ -40,8 +40,12 @@ def mlp_op(eff: Efficiency, gpu: HardwareSpec, profile: OpProfile, op: str) -> n
 
 
 def prefill(eff: Efficiency, gpu: HardwareSpec, profile: AttentionProfile) -> np.ndarray:
+    """Row by row: ``PrefillAttention`` takes floats (the simulator prices it at nearly every
+    prediction), and its profiles hold a few rows each."""
     op = PrefillAttention.build(eff, gpu, profile.shard)
-    return op.seconds(profile.prefill_tokens, profile.prefill_pairs, profile.prefill_cached)
+    rows = zip(profile.prefill_tokens.tolist(), profile.prefill_pairs.tolist(),
+               profile.prefill_cached.tolist(), strict=True)
+    return np.array([op.seconds(tokens, pairs, cached) for tokens, pairs, cached in rows])
 
 
 def decode(eff: Efficiency, gpu: HardwareSpec, profile: AttentionProfile) -> np.ndarray:

@@ -3,7 +3,9 @@
 Each layer, on one tensor-parallel shard, runs its kernels one after another; each kernel costs a
 fixed launch overhead plus a roofline time (compute or memory bound, at the fractions of peak that
 the measured profiles show). The op classes below are the single definition of every formula: the
-calibration fits their factors with these same classes, evaluated on numpy arrays.
+calibration fits their factors with these same classes, evaluated on numpy arrays (prefill
+attention row by row: it is priced at nearly every prediction, and typed as floats it compiles to
+arithmetic on doubles instead of Python objects, an eighth of a simulation's instructions).
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ class PrefillAttention:
                    shard.kv_token_bytes / bw, 2 * shard.q_token_bytes / bw, op.overhead,
                    op.sharpness)
 
-    def seconds(self, tokens: Number, pairs: Number, cached: Number) -> Number:
+    def seconds(self, tokens: float, pairs: float, cached: float) -> float:
         """``waste`` extra keys per query stand for diagonal tiles and per-query fixed work."""
         compute = (pairs + self.waste * tokens) * self.pair_s
         memory = (cached + tokens) * self.kv_s + tokens * self.qo_s
@@ -224,6 +226,7 @@ class RooflineModel:
         self._decode_lines: dict[int, tuple[float, float]] = {}
         self._layer_seconds: dict[int, float] = {}
         self._head_seconds: dict[int, float] = {}
+        self._decode_intercepts: dict[int, float] = {}
         self._overhead = efficiency.iteration_overhead
 
     def __reduce__(self) -> tuple[type[RooflineModel], tuple[ReplicaSpec, Efficiency]]:
@@ -281,8 +284,17 @@ class RooflineModel:
         attention = self._prefill.seconds(shape.prefill_tokens, shape.prefill_pairs,
                                           shape.prefill_cached)
         if shape.decode_count:
-            attention += self._decode.seconds(shape.decode_count, shape.decode_context)
+            per_context = self._decode.context_s
+            attention += self._decode_intercept(shape.decode_count) + shape.decode_context * per_context
         return self._dense(tokens, shape.num_prefills + shape.decode_count) + self._layers * attention
+
+    def _decode_intercept(self, count: int) -> float:
+        """``DecodeAttention``'s part that does not grow with context, cached by batch size (its
+        rate per context token is a float: the sum is then computed on doubles)."""
+        intercept = self._decode_intercepts.get(count)
+        if intercept is None:
+            intercept = self._decode_intercepts[count] = self._decode.intercept(count)
+        return intercept
 
     def decode_line(self, batch: int) -> tuple[float, float]:
         """(intercept, slope) of a decode-only iteration of ``batch`` sequences, cached."""

@@ -15,7 +15,7 @@ from tests.sched.test_prefix_cache import BLOCK, keys, prefixed
 from tropical.core.request import Request
 from tropical.sched.baselines import DisaggPolicy
 from tropical.sched.cluster import Cluster
-from tropical.sched.dispatch import by_load, decode_destination, has_room, least_work
+from tropical.sched.dispatch import by_load, decode_destination, exact_lead, has_room, least_work
 from tropical.sched.fleet import worker_states
 from tropical.sched.kv_router import kv_cost, lowest_cost
 from tropical.sched.load_index import LoadIndex
@@ -77,6 +77,17 @@ def test_least_work_walks_by_load_and_chooses_what_a_full_look_would(seed, n, la
     assert least_work(req, workers, tuple(Role), live) is expected
     LoadIndex.over(workers)
     assert least_work(req, workers, tuple(Role)) is expected
+
+
+def test_the_least_bound_is_the_choice_only_when_its_cost_is_its_bound() -> None:
+    """One pass settles a choice when the worker of least bound (lowest id on a tie) costs its
+    bound; any other cost sends the choice to the heap walk (None), whatever the others cost."""
+    a, b, c = fleet(3)
+    costs = {a.id: 6.0, b.id: 5.0, c.id: 5.0}
+    assert exact_lead([c, b, a], [5, 5, 6], lambda w: costs[w.id]) == (b, 5.0)
+    costs[b.id] = 6.0
+    assert exact_lead([c, b, a], [5, 5, 6], lambda w: costs[w.id]) is None
+    assert exact_lead([], [], lambda w: 0.0) is None
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,8 +6,9 @@ prices the few at the front. Over the fleet a cluster runs, the walk reads the f
 ``LoadIndex`` (each worker's terms kept across decisions: the fleet's bounds are a few vector
 operations, and the walk reads exact costs only of the workers it reaches); over any other set
 of workers it builds a heap from lower bounds of each worker's load (``load_floor``: one pass of
-cheap reads). Both read no decode progress the simulator has not booked yet
-(``sched.lag``): only the workers the walk reaches are brought up to date.
+cheap reads), or, for the least work, none when the worker of least bound costs its bound. Both
+read no decode progress the simulator has not booked yet (``sched.lag``): only the workers the
+walk reaches are brought up to date.
 """
 
 from __future__ import annotations
@@ -122,11 +123,32 @@ def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Rol
         return worker.unfinished_tokens + worker.prompt_split(req)[0]
 
     if index is None:
-        best = cheapest(_of_roles(workers, roles) if among is None else among,
-                        lambda w: w.load_floor + floors.at(w), cost)
+        live = [w for w in (_of_roles(workers, roles) if among is None else among) if w.alive]
+        bounds = [w.load_floor + floors.at(w) for w in live]
+        best = exact_lead(live, bounds, cost)
+        if best is None and live:
+            bounded = [(b, w.id, w) for b, w in zip(bounds, live, strict=True)]
+            best = cheapest_of(least_bound_first(bounded), cost)
     else:
         best = cheapest_of(with_workers(index.ordered(roles, floors.vector(len(workers))), workers), cost)
     return None if best is None else best[0]
+
+
+def exact_lead(live: list[WorkerState], bounds: list[int],
+               cost: Callable[[WorkerState], float]) -> tuple[WorkerState, float] | None:
+    """The worker of ``live`` with the least bound (lowest id breaks ties) and its cost, if its
+    cost is its bound: then no other can cost less (each costs at least its bound), so the
+    choice needs no heap; None otherwise. Load bounds are exact for most workers: a choice over
+    hundreds of them mostly ends here (one pass, no tuple per worker)."""
+    lead = -1
+    for i in range(len(live)):
+        below = lead < 0 or bounds[i] < bounds[lead]
+        if below or (bounds[i] == bounds[lead] and live[i].id < live[lead].id):
+            lead = i
+    if lead < 0:
+        return None
+    price = cost(live[lead])
+    return (live[lead], price) if price == bounds[lead] else None
 
 
 def cheapest(workers: Iterable[WorkerState], bound: Callable[[WorkerState], float],

@@ -126,7 +126,7 @@ def least_work(req: Request, workers: Sequence[WorkerState], roles: Sequence[Rol
         live = [w for w in (_of_roles(workers, roles) if among is None else among) if w.alive]
         bounds = [w.load_floor + floors.at(w) for w in live]
         best = exact_lead(live, bounds, cost)
-        if best is None and live:
+        if best is None:
             bounded = [(b, w.id, w) for b, w in zip(bounds, live, strict=True)]
             best = cheapest_of(least_bound_first(bounded), cost)
     else:

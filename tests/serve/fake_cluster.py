@@ -20,6 +20,7 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.core.sampling import SamplingParams
+from tropical.engine.kv_events import BlockRemoved, KVEvent
 from tropical.sched.batching import Batch
 from tropical.sched.policy import Policy
 from tropical.sched.worker import WorkerState
@@ -88,6 +89,7 @@ class FakeWorker:
     on_death: Callable[[int], None] = lambda worker_id: None
     on_revive: Callable[[int], None] = lambda worker_id: None
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)
+    evicts: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def pid(self) -> int | None:
@@ -135,10 +137,12 @@ class FakeWorker:
         yield tokens
 
     async def import_kv(self, seq_id: int, blob: int, tokens: int, start: int = 0,
-                        block_hashes: tuple[int, ...] = ()) -> None:
-        """Instant, but only between steps: the move's time is spent staging it (``exported``)."""
+                        block_hashes: tuple[int, ...] = ()) -> list[KVEvent]:
+        """Instant, but only between steps: the move's time is spent staging it (``exported``).
+        Reports the blocks ``evicts`` says the request's import pushed out of the cache."""
         async with self.busy:
-            return
+            evicted = self.evicts.get(seq_id, ())
+            return [BlockRemoved(evicted)] if evicted else []
 
     def kill(self) -> None:
         """The process dies: its calls fail from now on, and the router hears of it."""

@@ -8,9 +8,18 @@ import asyncio
 import pytest
 
 from tests.factories import linear_cluster, linear_model
-from tests.serve.fake_cluster import FakeCluster, at, finished, run_virtual, start_router, submission
+from tests.serve.fake_cluster import (
+    FakeCluster,
+    at,
+    finished,
+    run_virtual,
+    start_router,
+    submission,
+    submit_at_arrivals,
+)
 from tropical.core.request import Request
 from tropical.core.slo import SLO
+from tropical.engine.block_hash import block_hashes
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rejection import AdmissionMode
 from tropical.serve.iteration_log import IterationLog
@@ -186,6 +195,29 @@ def test_a_migrated_request_joins_the_first_iteration_after_its_kv_is_staged():
     staged = handle.req.first_token + handle.req.migration_time
     after = [(now, batch) for worker, now, batch in fake.plans if worker == 1 and now >= staged]
     assert handle.req.decode_worker == 1 and after[0][1].decode_count == 2
+
+
+def test_blocks_a_kv_import_evicts_leave_the_model_before_the_next_plan():
+    """The decode worker's engine makes room for an import by evicting a cached block: the router's
+    model of that cache loses it at once, before the worker's next iteration is planned on it
+    (a plan counting it cached would start a prompt on KV the engine no longer has)."""
+    first, second = requests((64, 2), (32, 2))
+    second.arrival = 1.0
+    prefix = block_hashes([1] * 64, 16)
+
+    async def main(loop):
+        policy = make_policy("disagg")
+        workers = linear_cluster(2, 50_000).build(policy, prefix_cache=True)
+        fake = start_router(loop, policy, workers, {0: 64, 1: 32})
+        fake.workers[1].evicts[second.id] = (prefix[3],)
+        handles = await submit_at_arrivals(loop, fake.router, [first, second])
+        for handle in handles:
+            await finished(handle)
+        await fake.router.stop()
+        return fake
+
+    cached = run_virtual(main).router.workers[1].kv.cache.entries
+    assert prefix[3] not in cached and {prefix[0], prefix[1], prefix[2]} <= cached.keys()
 
 
 def test_a_queued_request_whose_ttft_lapses_is_refused_with_429_before_it_runs():

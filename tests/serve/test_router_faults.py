@@ -11,6 +11,7 @@ from typing import Any
 from tests.factories import linear_model
 from tests.live_server import until
 from tropical.core.sampling import SamplingParams
+from tropical.engine.kv_events import KVEvent
 from tropical.sched.registry import make_policy
 from tropical.sched.worker import worker_state
 from tropical.serve.metrics import ServerMetrics
@@ -60,8 +61,8 @@ class FakeWorker:
         yield None
 
     async def import_kv(self, seq_id: int, blob: Any, tokens: int, start: int = 0,
-                        block_hashes: tuple[int, ...] = ()) -> None:
-        return None
+                        block_hashes: tuple[int, ...] = ()) -> list[KVEvent]:
+        return []
 
     def die(self) -> None:
         self.alive = False

@@ -498,10 +498,11 @@ class Router(RouterBase[WorkerHandle]):
             req, source = landing.move.request, landing.move.source
             begin = self.clock()
             try:
-                await driver.land(landing)
+                events = await driver.land(landing)
             except (WorkerDied, WorkerError) as exc:
                 self._migration_failed(landing, f"KV migration failed: {exc}")
             else:
+                self._follow(self.workers[driver.worker_id], events)
                 self._record_migration(landing, begin, self.clock())
                 self._carry_out(self.cluster.migrated(req, source, driver.worker_id))
             finally:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from tropical.core.latency.shape import BatchShape
+from tropical.engine.kv_events import KVEvent
 from tropical.sched.step import StepSpec
 from tropical.serve.mock.model import MockModel
 from tropical.serve.workers.handle import WorkerDied, WorkerError
@@ -85,10 +86,12 @@ class MockWorker:
         yield tokens
 
     async def import_kv(self, seq_id: int, blob: Any, tokens: int, start: int = 0,
-                        block_hashes: tuple[int, ...] = ()) -> None:
-        """Instant, but only between steps (the move's time was spent staging it)."""
+                        block_hashes: tuple[int, ...] = ()) -> list[KVEvent]:
+        """Instant, but only between steps (the move's time was spent staging it); a mock keeps no
+        cache, so it reports no KV events."""
         async with self._busy:
             self._check_alive()
+        return []
 
     def _check_alive(self) -> None:
         if not self.alive:

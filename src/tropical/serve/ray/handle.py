@@ -5,7 +5,8 @@ Ray fails every call pending on an actor that dies (ActorDiedError, or ActorUnav
 while it restarts), so a busy worker's death surfaces in the call the router is awaiting. An idle
 worker's surfaces in the watcher's next ping. With ``max_restarts`` Ray re-creates the actor; a
 ping that answers with a new incarnation brings the worker back into service (``on_revive``),
-its KV cache empty.
+its KV cache empty. Until then, every call names the incarnation it is meant for, so one sent
+after a death the router has not yet seen fails as that death instead of running on the restart.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from tropical.serve.ray.worker import Location
+from tropical.engine.kv_events import KVEvent
+from tropical.serve.ray.worker import Location, Restarted
 from tropical.serve.workers.handle import WorkerDied, WorkerError
 from tropical.serve.workers.messages import Ready
 
@@ -75,25 +77,27 @@ class RayWorkerHandle:
         yield kv
 
     async def import_kv(self, seq_id: int, blob: ray.ObjectRef, tokens: int, start: int = 0,
-                        block_hashes: tuple[int, ...] = ()) -> None:
-        await self._result(self._submit("import_kv", seq_id, blob, start, block_hashes))
+                        block_hashes: tuple[int, ...] = ()) -> list[KVEvent]:
+        return await self._result(self._submit("import_kv", seq_id, blob, start, block_hashes))
 
     def _submit(self, method: str, *args: Any) -> Any:
-        if not self.alive:
+        """Send a call to the incarnation the router knows (never to a restart it has not seen)."""
+        if not self.alive or self.location is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
-        return getattr(self.actor, method).remote(*args)
+        return getattr(self.actor, method).remote(self.location.incarnation, *args)
 
     async def _result(self, ref: ray.ObjectRef) -> Any:
-        """A call's value; WorkerDied if the actor died meanwhile, WorkerError if the call failed."""
+        """A call's value; WorkerDied if the actor it was meant for died meanwhile (or before: the
+        call reached its restart), WorkerError if the call failed."""
         sent_to = self.location
         try:
             return await ref
-        except RayActorError as exc:
+        except RayError as exc:
+            if not isinstance(exc, RayActorError) and not _restarted(exc):
+                raise WorkerError(f"worker {self.worker_id}: {_summary(exc)}") from exc
             if self.location == sent_to:
                 self._died()
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died: {_summary(exc)}") from exc
-        except RayError as exc:
-            raise WorkerError(f"worker {self.worker_id}: {_summary(exc)}") from exc
 
     async def _watch(self) -> None:
         while True:
@@ -127,6 +131,11 @@ class RayWorkerHandle:
         if self._watcher is not None:
             self._watcher.cancel()
         ray.kill(self.actor, no_restart=True)
+
+
+def _restarted(exc: RayError) -> bool:
+    """The call reached a restart of the actor it was meant for."""
+    return isinstance(exc, RayTaskError) and isinstance(exc.cause, Restarted)
 
 
 def _summary(exc: RayError) -> str:

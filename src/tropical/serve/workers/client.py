@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from tropical.engine.kv_events import KVEvent
 from tropical.serve.workers.handle import WorkerDied, WorkerError, WorkerHandle
 from tropical.serve.workers.messages import Export, Import, Ready, Reply, StagingArea, WorkerLaunch
 from tropical.serve.workers.placement import Placement
@@ -83,8 +84,8 @@ class WorkerClient:
             await self._space.release(offset)
 
     async def import_kv(self, seq_id: int, blob: StagedKV, tokens: int, start: int = 0,
-                        block_hashes: tuple[int, ...] = ()) -> None:
-        await self.call(Import(seq_id, blob.area, tokens, blob.offset, start, block_hashes))
+                        block_hashes: tuple[int, ...] = ()) -> list[KVEvent]:
+        return await self.call(Import(seq_id, blob.area, tokens, blob.offset, start, block_hashes))
 
     def _receive(self) -> Reply:
         try:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from tropical.engine.kv_events import KVEvent
 from tropical.sched.cluster import Migrate
 from tropical.serve.workers.handle import WorkerDied, WorkerHandle
 from tropical.serve.workers.messages import Free, Step, StepDone
@@ -107,8 +108,9 @@ class WorkerDriver:
             target.receive(landing)
             await landing.done
 
-    async def land(self, landing: Landing) -> None:
-        """Import staged KV after the prefix the target has cached; raises WorkerDied or WorkerError."""
+    async def land(self, landing: Landing) -> list[KVEvent]:
+        """Import staged KV after the prefix the target has cached, returning the import's KV
+        events; raises WorkerDied or WorkerError."""
         move, req = landing.move, landing.move.request
-        await self.client.import_kv(req.id, landing.blob, move.tokens, req.prompt_len - move.tokens,
+        return await self.client.import_kv(req.id, landing.blob, move.tokens, req.prompt_len - move.tokens,
                                     req.prefix)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from tropical.engine.kv_events import KVEvent
 from tropical.serve.workers.messages import Ready, WorkerLaunch
 from tropical.serve.workers.placement import Placement
 
@@ -56,9 +57,10 @@ class WorkerHandle(Protocol):
         ...
 
     async def import_kv(self, seq_id: int, blob: Any, tokens: int, start: int = 0,
-                        block_hashes: tuple[int, ...] = ()) -> None:
+                        block_hashes: tuple[int, ...] = ()) -> list[KVEvent]:
         """Write an exported KV blob into ``seq_id``'s blocks from its token ``start`` on, after
-        this worker's cached run of ``block_hashes``."""
+        this worker's cached run of ``block_hashes``; returns the KV events of the import (the
+        blocks it stored, and those it evicted to make room)."""
         ...
 
     def stop(self) -> None:

@@ -108,7 +108,8 @@ class Export:
 class Import:
     """Copy ``tokens`` tokens of KV at ``offset`` of ``source``'s staging area into ``seq_id``'s
     blocks from its token ``start`` on, the first ``start`` being this worker's cached run of
-    ``block_hashes``; replies with the seconds it took."""
+    ``block_hashes``; replies with the KV events of the import (what it stored, and evicted to
+    make room)."""
 
     seq_id: int
     source: StagingArea

@@ -16,6 +16,7 @@ import torch
 
 from tropical.engine.executor import Executor
 from tropical.engine.kv_cache import PagedKVCache
+from tropical.engine.kv_events import KVEvent
 from tropical.engine.loader import load_model
 from tropical.engine.profiler import GRIDS, profile_document, profile_engine
 from tropical.serve.workers.messages import (
@@ -73,7 +74,7 @@ class WorkerRuntime:
         if isinstance(command, Export):
             return self._timed(self._export, command)
         if isinstance(command, Import):
-            return self._timed(self._import, command)
+            return self._import(command)
         if isinstance(command, Profile):
             return self._profile(command.grid)
         raise TypeError(f"unknown command {type(command).__name__}")
@@ -90,8 +91,11 @@ class WorkerRuntime:
         return self.executor.cache.export(seq_id, tokens, start)
 
     def import_kv(self, seq_id: int, kv: torch.Tensor, start: int = 0,
-                  block_hashes: tuple[int, ...] = ()) -> None:
+                  block_hashes: tuple[int, ...] = ()) -> list[KVEvent]:
+        """Write the KV in, and say what the cache stored and evicted to make room: the router's
+        model of this cache must lose those blocks before it plans the next step here."""
         self.executor.cache.import_(seq_id, kv, start, block_hashes)
+        return self.executor.cache.take_events()
 
     def _export(self, command: Export) -> None:
         if self.staging is None:
@@ -99,9 +103,9 @@ class WorkerRuntime:
         end = command.offset + command.tokens
         self.staging[:, :, command.offset:end] = self.export_kv(command.seq_id, command.tokens, command.start)
 
-    def _import(self, command: Import) -> None:
+    def _import(self, command: Import) -> list[KVEvent]:
         source = self._peer(command.source)
-        self.import_kv(command.seq_id, source[:, :, command.offset:command.offset + command.tokens],
+        return self.import_kv(command.seq_id, source[:, :, command.offset:command.offset + command.tokens],
                        command.start, command.block_hashes)
 
     def _peer(self, area: StagingArea) -> torch.Tensor:

@@ -50,6 +50,7 @@ from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.slack import Decoding, SlackRule
 from tropical.sched.worker import WorkerState
+from tropical.sched.worker_views import WorkerViews
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +171,9 @@ class TropicalPolicy(Policy):
                                      tpot_guard=self._path2_slack,
                                      spare_finishing=bool(self.toggle.spare_finishing))
         self._checks: dict[int, int] = {}
-        self._round: dict[int, NextIteration] = {}
         self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
         self._last_chunk: dict[int, int] = {}
-        self._queued: dict[int, Pending] = {}
-        self._queues: dict[int, list[Request]] = {}
-        self._lineups: dict[int, Lineup] = {}
+        self._views = WorkerViews()
         self._watch = QueueWatch(self.toggle.lookahead)
         self._roles = RoleSwitch()
         self._roster: Roster | None = None
@@ -236,7 +234,7 @@ class TropicalPolicy(Policy):
 
     def _place(self, req: Request, now: float, workers: Sequence[WorkerState]) -> list[Assignment]:
         _, multiplex = self._split(workers)
-        self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}
+        self._views.new_round()
         self._forget_chunks()
         best, finish = self._path1(req, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
@@ -273,7 +271,8 @@ class TropicalPolicy(Policy):
         """
         _, multiplex = self._split(workers)
         at_risk = self._watch.at_risk(self._kept.prefill_by_id, now)
-        self._checks, self._round, self._queued, self._queues, self._lineups = {}, {}, {}, {}, {}
+        self._checks = {}
+        self._views.new_round()
         self._forget_chunks()
         doomed_too = not self.toggle.chunked and not self.toggle.demote_doomed
         moves = self._multiplex_at_risk(at_risk.shortest_first(doomed_too), multiplex, now)
@@ -300,8 +299,7 @@ class TropicalPolicy(Policy):
             done, _, target = option
             if self._worth(req, done, finish):
                 plans[target.id] = (plans.get(target.id) or self._queued_of(target, now)).plus(req, target)
-                self._queue_of(target, now).append(req)
-                self._lineups.pop(target.id, None)
+                self._views.of(target, now).promise(req)
                 moves.append(self._multiplexed(req, target, finish, done, source.id))
             elif self.toggle.chunked and self.toggle.demote_doomed:
                 break
@@ -520,31 +518,17 @@ class TropicalPolicy(Policy):
             self._chunks = {}
 
     def _next_of(self, worker: WorkerState, now: float) -> NextIteration:
-        """The worker's next iteration as it stands, computed once per scheduling round."""
-        if worker.id not in self._round:
-            self._round[worker.id] = NextIteration.of(worker, now)
-        return self._round[worker.id]
-
-    def _queue_of(self, worker: WorkerState, now: float) -> list[Request]:
-        """The prompts queued on ``worker`` and those promised to it in this scheduling round."""
-        if worker.id not in self._queues:
-            self._queues[worker.id] = list(self._next_of(worker, now).queued)
-        return self._queues[worker.id]
+        """The worker's next iteration as it stands (see ``WorkerViews``)."""
+        return self._views.of(worker, now).next
 
     def _lineup_of(self, worker: WorkerState, now: float) -> Lineup:
         """The prompts queued on and promised to ``worker`` in this scheduling round, lined up
         for placing a candidate among them (kept until a promise changes them)."""
-        if worker.id not in self._lineups:
-            self._lineups[worker.id] = Lineup.of(worker, self._queue_of(worker, now),
-                                                 self._next_of(worker, now).carried, self.toggle.laxity)
-        return self._lineups[worker.id]
+        return self._views.of(worker, now).lineup_now(self.toggle.laxity)
 
     def _queued_of(self, worker: WorkerState, now: float) -> Pending:
-        """The prompts queued on ``worker`` (not yet running), once per scheduling round."""
-        if worker.id not in self._queued:
-            nxt = self._next_of(worker, now)
-            self._queued[worker.id] = Pending.of(worker, nxt.queued, nxt.carried)
-        return self._queued[worker.id]
+        """The prompts queued on ``worker`` (not yet running)."""
+        return self._views.of(worker, now).queued_now()
 
     def _room_for(self, worker: WorkerState, prefills: Pending) -> bool:
         """Seats in the batch, the token budget (a lone prefill may exceed it, as batch formation

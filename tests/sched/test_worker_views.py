@@ -4,6 +4,8 @@ moved, it equals the view computed again, and keeping views changes no decision.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tests.factories import make_request, make_worker
@@ -33,24 +35,39 @@ def test_a_view_is_kept_across_rounds_while_its_worker_is_busy_and_unedited() ->
     assert views.of(worker, 2.0) is first, "a later clock alone moves no busy worker's view"
 
 
-@pytest.mark.parametrize("move", ["worker edited", "worker idle", "iteration end moved", "worker revived",
-                                  "prompt promised", "host tier"])
+def _edited(worker: WorkerState, view: WorkerView) -> tuple[WorkerState, float]:
+    worker.enqueue(make_request(2))
+    return worker, 1.0
+
+
+def _end_moved(worker: WorkerState, view: WorkerView) -> tuple[WorkerState, float]:
+    worker.busy_until = 4.0
+    return worker, 1.0
+
+
+def _promised(worker: WorkerState, view: WorkerView) -> tuple[WorkerState, float]:
+    view.promise(make_request(2))
+    return worker, 1.0
+
+
+MOVES: dict[str, Callable[[WorkerState, WorkerView], tuple[WorkerState, float]]] = {
+    "worker edited": _edited,
+    "worker idle": lambda worker, view: (worker, 6.0),
+    "iteration end moved": _end_moved,
+    "worker revived": lambda worker, view: (busy_worker(), 1.0),
+    "prompt promised": _promised,
+    "host tier": lambda worker, view: (worker, 1.0),
+}
+"""Each way a view's worker can move between two rounds: the worker and clock of the second."""
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
 def test_a_view_is_built_again_once_anything_it_read_can_have_moved(move: str) -> None:
     views, worker = WorkerViews(), busy_worker()
     if move == "host tier":
         worker.kv.cache = PrefixCache(worker.kv.block_size, host=HostStore(64))
     first = views.of(worker, 1.0)
-    now = 1.0
-    if move == "worker edited":
-        worker.enqueue(make_request(2))
-    elif move == "worker idle":
-        now = 6.0
-    elif move == "iteration end moved":
-        worker.busy_until = 4.0
-    elif move == "worker revived":
-        worker = busy_worker()
-    elif move == "prompt promised":
-        first.promise(make_request(2))
+    worker, now = MOVES[move](worker, first)
     views.new_round()
     again = views.of(worker, now)
     assert again is not first and again.next == NextIteration.of(worker, now)

@@ -49,6 +49,7 @@ class WorkerView:
         return self.queue
 
     def lineup_now(self, laxity: bool) -> Lineup:
+        """The queue with this round's promises, lined up for placing a candidate among them."""
         if self.lineup is None:
             self.lineup = Lineup.of(self.worker, self.queue_now(), self.next.carried, laxity)
         return self.lineup

@@ -81,8 +81,8 @@ class RayWorker:
             tensor = torch.from_numpy(kv)
         return self.runtime.import_kv(seq_id, tensor.view(self.dtype), start, block_hashes)
 
-
     def _addressed(self, incarnation: str) -> None:
+        """Refuse a call meant for another incarnation of this actor (see the class)."""
         if incarnation != self.location.incarnation:
             raise Restarted(f"the actor was restarted: the call was meant for incarnation {incarnation}, "
                             f"this is {self.location.incarnation}")

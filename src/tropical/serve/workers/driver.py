@@ -112,5 +112,5 @@ class WorkerDriver:
         """Import staged KV after the prefix the target has cached, returning the import's KV
         events; raises WorkerDied or WorkerError."""
         move, req = landing.move, landing.move.request
-        return await self.client.import_kv(req.id, landing.blob, move.tokens, req.prompt_len - move.tokens,
-                                    req.prefix)
+        return await self.client.import_kv(req.id, landing.blob, move.tokens,
+                                           req.prompt_len - move.tokens, req.prefix)

@@ -106,7 +106,7 @@ class WorkerRuntime:
     def _import(self, command: Import) -> list[KVEvent]:
         source = self._peer(command.source)
         return self.import_kv(command.seq_id, source[:, :, command.offset:command.offset + command.tokens],
-                       command.start, command.block_hashes)
+                              command.start, command.block_hashes)
 
     def _peer(self, area: StagingArea) -> torch.Tensor:
         if area.path not in self.peers:

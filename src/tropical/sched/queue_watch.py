@@ -6,7 +6,9 @@ first prompts and its worker's next start, and those move only when the worker c
 marks itself: ``WorkerState.changed``) or when the clock passes that start (an idle worker
 starts at the clock; a decode run booked lazily books itself when read past its end). So the
 watch keeps every queue's answer and the ids of those at risk, in order, and looks again only
-at the workers marked since its last look and those whose start the clock has reached.
+at the workers marked since its last look and those whose start the clock has reached. The
+answers at risk are filed in heaps kept between looks (``RiskHeads``), from which a round reads
+the prompts it takes without merging every queue's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tropical.sched.risk import AtRisk, QueueRisk
+from tropical.sched.risk import QueueRisk
+from tropical.sched.risk_heads import KeptAtRisk, RiskHeads
 from tropical.sched.worker import WorkerState
 
 
@@ -28,7 +31,8 @@ class QueueWatch:
     (``risks``), the ids of those with prompts at risk, ascending (``late``), and a heap of the
     starts the answers were priced from (``starts``; an entry is current while ``start_of``
     holds it); ``clock`` is the time of the last look (a look at an earlier time, as when
-    a caller books an iteration ahead of the clock, looks at every queue again)."""
+    a caller books an iteration ahead of the clock, looks at every queue again); ``heads``
+    files the answers at risk for the rounds to read."""
 
     lookahead: int
     queued_on: set[int] = field(default_factory=set)
@@ -38,6 +42,10 @@ class QueueWatch:
     starts: list[tuple[float, int]] = field(default_factory=list)
     start_of: dict[int, float] = field(default_factory=dict)
     clock: float = -math.inf
+    heads: RiskHeads = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.heads = RiskHeads(self.risks)
 
     def follow(self, workers: Iterable[WorkerState]) -> None:
         """Have ``workers`` (a new roster's prefill workers) mark themselves here when they
@@ -52,7 +60,7 @@ class QueueWatch:
             self.queued_on.add(worker_id)
             self.marked.add(worker_id)
 
-    def at_risk(self, by_id: Mapping[int, WorkerState], now: float) -> AtRisk[WorkerState]:
+    def at_risk(self, by_id: Mapping[int, WorkerState], now: float) -> KeptAtRisk[WorkerState]:
         """The at-risk prompts of the live prefill workers' queues (``by_id``) at ``now``, in
         the order of their ids; only prompts queued behind those in flight are asked."""
         if now < self.clock:
@@ -67,14 +75,15 @@ class QueueWatch:
         self.marked.clear()
         for worker_id in stale:
             self._look(worker_id, by_id.get(worker_id), now)
-        return AtRisk([(by_id[wid], self.risks[wid]) for wid in self.late], now)
+        self.heads.advance(now)
+        return KeptAtRisk(self.heads, self.late, by_id, now)
 
     def _look(self, worker_id: int, worker: WorkerState | None, now: float) -> None:
         """Price ``worker``'s queue again (its answer kept if its prices and start stand); one
         no longer a live prefill worker, or with nothing queued behind its batch, has none at
         risk (one with nothing queued at all is forgotten until a prompt is queued there)."""
         if worker is None or len(worker.waiting) <= worker.batch_prefills:
-            self._settle(worker_id, False)
+            self._settle(worker_id, False, now)
             if worker is not None and not worker.waiting:
                 self.queued_on.discard(worker_id)
             return
@@ -83,12 +92,13 @@ class QueueWatch:
         risk = self.risks.get(worker_id)
         if risk is None or not risk.kept_for(priced, start):
             risk = self.risks[worker_id] = QueueRisk.of(priced, start)
-        self._settle(worker_id, bool(risk.late))
+        self._settle(worker_id, bool(risk.late), now)
         self.start_of[worker_id] = start
         heapq.heappush(self.starts, (start, worker_id))
 
-    def _settle(self, worker_id: int, late: bool) -> None:
-        """File ``worker_id`` among the queues at risk, or take it out."""
+    def _settle(self, worker_id: int, late: bool, now: float) -> None:
+        """File ``worker_id`` among the queues at risk at ``now``, or take it out."""
+        self.heads.file(worker_id, late, now)
         place = bisect_left(self.late, worker_id)
         filed = place < len(self.late) and self.late[place] == worker_id
         if late and not filed:

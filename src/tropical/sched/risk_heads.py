@@ -1,0 +1,173 @@
+"""The at-risk prompts of every watched prefill queue, merged shortest first, kept across rounds.
+
+Under a burst at a thousand workers about two hundred prefill queues hold prompts at risk, and
+the toggle asks at every iteration end of every worker. Most rounds read one prompt (the shortest
+that a path may still save, which then fits nowhere) and stop; yet merging the queues' lists
+afresh, and asking each queue for its doomed prompts, cost each round every queue: a quarter of
+the burst's time. A queue's lists change only when it is priced again or when the clock passes
+the time its first open prompt becomes doomed. So ``RiskHeads`` keeps three heaps over the queues
+at risk: their first open prompts (by length, then worker id: the merge's order), the times their
+open prompts next become doomed, and the times their first prompt that has not yielded does. A
+round reads the first heap in order without popping it, so only the queues it reaches cost it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from typing import Generic, TypeVar
+
+from tropical.core.request import Request
+from tropical.sched.risk import DOOM_MARGIN, AtRisk, QueueRisk, _Late
+
+Owner = TypeVar("Owner")
+_Head = tuple[int, int, int]
+"""A queue's first open prompt's length, the queue's worker id, and the filing it belongs to."""
+_Due = tuple[float, int, int]
+"""A time, a queue's worker id, and the filing it belongs to."""
+Entry = TypeVar("Entry", _Head, _Due)
+
+
+class RiskHeads:
+    """The queues at risk (``risks``, by worker id, the watch's own answers; each filed under a
+    version, ``version``) in three heaps, entries of older filings left in place until a heap
+    outgrows its queues: ``heads`` (first open prompt's length, id), ``dooms`` (when an open
+    prompt next becomes doomed) and ``first_dooms`` (when a prompt that has not yielded first
+    becomes doomed); ``dooming`` holds the ids of queues whose first doom has passed.
+    (A plain class, as ``AtRisk``.)"""
+
+    __slots__ = ("risks", "version", "heads", "dooms", "first_dooms", "dooming", "_stamps")
+
+    def __init__(self, risks: Mapping[int, QueueRisk]) -> None:
+        self.risks = risks
+        self.version: dict[int, int] = {}
+        self.heads: list[_Head] = []
+        self.dooms: list[_Due] = []
+        self.first_dooms: list[_Due] = []
+        self.dooming: set[int] = set()
+        self._stamps = itertools.count()
+
+    def file(self, worker_id: int, late: bool, now: float) -> None:
+        """File the queue of ``worker_id`` afresh at ``now`` (its answer ``risks[worker_id]``),
+        or take it out where it holds no prompt at risk."""
+        self.dooming.discard(worker_id)
+        if not late:
+            self.version.pop(worker_id, None)
+            return
+        stamp = self.version[worker_id] = next(self._stamps)
+        risk = self.risks[worker_id]
+        opened = risk.open_at(now)
+        if opened:
+            heapq.heappush(self.heads, (opened[0][0], worker_id, stamp))
+            heapq.heappush(self.dooms, (risk.open_doom, worker_id, stamp))
+        if risk.first_doom <= now + DOOM_MARGIN:
+            self.dooming.add(worker_id)
+        elif risk.first_doom < math.inf:
+            heapq.heappush(self.first_dooms, (risk.first_doom, worker_id, stamp))
+        self._compact()
+
+    def advance(self, now: float) -> None:
+        """Bring the heaps to ``now``: queues whose open prompts may have become doomed are filed
+        again (each once), those whose first doom has passed join ``dooming``, and entries of older
+        filings leave the top of the heads heap."""
+        due = []
+        while self.dooms and self.dooms[0][0] <= now + DOOM_MARGIN:
+            _, worker_id, stamp = heapq.heappop(self.dooms)
+            if self.version.get(worker_id) == stamp:
+                due.append(worker_id)
+        for worker_id in due:
+            self.file(worker_id, True, now)
+        while self.first_dooms and self.first_dooms[0][0] <= now + DOOM_MARGIN:
+            _, worker_id, stamp = heapq.heappop(self.first_dooms)
+            if self.version.get(worker_id) == stamp:
+                self.dooming.add(worker_id)
+        while self.heads and not self._current(self.heads[0][1], self.heads[0][2]):
+            heapq.heappop(self.heads)
+
+    def _current(self, worker_id: int, stamp: int) -> bool:
+        return self.version.get(worker_id) == stamp
+
+    def _compact(self) -> None:
+        """Drop the entries of older filings once a heap holds more than twice the live ones."""
+        room = 2 * len(self.version) + 64
+        if len(self.heads) > room:
+            self.heads = self._kept(self.heads)
+        if len(self.dooms) > room:
+            self.dooms = self._kept(self.dooms)
+        if len(self.first_dooms) > room:
+            self.first_dooms = self._kept(self.first_dooms)
+
+    def _kept(self, heap: list[Entry]) -> list[Entry]:
+        """``heap``'s entries of current filings, as a heap."""
+        kept = [e for e in heap if self._current(e[1], e[2])]
+        heapq.heapify(kept)
+        return kept
+
+    def open_merged(self) -> Iterator[tuple[_Late, int]]:
+        """Every queue's open prompts (as filed), by length, then worker id, then place: the
+        heads heap is read in order through a second heap of its indices (it is not popped), and
+        a queue's prompts join the merge only once its head is reached (older filings' entries
+        are passed over only where they come before the next prompt)."""
+        explore: list[tuple[_Head, int]] = [(self.heads[0], 0)] if self.heads else []
+        merging: list[_Head] = []
+        while True:
+            if merging and (not explore or merging[0][:2] < explore[0][0][:2]):
+                _, worker_id, place = merging[0]
+                entries = self.risks[worker_id].open
+                yield entries[place], worker_id
+                if place + 1 < len(entries):
+                    heapq.heapreplace(merging, (entries[place + 1][0], worker_id, place + 1))
+                else:
+                    heapq.heappop(merging)
+            elif explore:
+                length, worker_id, stamp = explore[0][0]
+                self._explored(explore)
+                if self._current(worker_id, stamp):
+                    heapq.heappush(merging, (length, worker_id, 0))
+            else:
+                return
+
+    def _explored(self, explore: list[tuple[_Head, int]]) -> None:
+        """Take the least entry off ``explore`` and put its children in the heads heap on."""
+        _, at = heapq.heappop(explore)
+        for child in (2 * at + 1, 2 * at + 2):
+            if child < len(self.heads):
+                heapq.heappush(explore, (self.heads[child], child))
+
+
+class KeptAtRisk(Generic[Owner]):
+    """``AtRisk``'s answers read off a watch's kept heaps: the queues at risk (``late``, ids
+    ascending, owners in ``by_id``) at ``now``. (A plain class, as ``AtRisk``.)"""
+
+    __slots__ = ("heads", "late", "by_id", "now")
+
+    def __init__(self, heads: RiskHeads, late: list[int], by_id: Mapping[int, Owner], now: float) -> None:
+        self.heads = heads
+        self.late = late
+        self.by_id = by_id
+        self.now = now
+
+    @property
+    def queues(self) -> list[tuple[Owner, QueueRisk]]:
+        """Each queue at risk with its owner, by id (``AtRisk``'s input)."""
+        return [(self.by_id[wid], self.heads.risks[wid]) for wid in self.late]
+
+    @property
+    def count(self) -> int:
+        return sum(len(self.heads.risks[wid].late) for wid in self.late)
+
+    def shortest_first(self, doomed_too: bool) -> Iterator[tuple[Request, Owner, float]]:
+        """As ``AtRisk.shortest_first``; without ``doomed_too``, from the kept heads."""
+        if doomed_too:
+            yield from AtRisk(self.queues, self.now).shortest_first(True)
+            return
+        for e, worker_id in self.heads.open_merged():
+            yield e[2], self.by_id[worker_id], e[4]
+
+    def doomed(self) -> list[tuple[Request, Owner, float]]:
+        """As ``AtRisk.doomed``: only the queues whose first doom has passed are asked."""
+        risks = self.heads.risks
+        return [(e[2], self.by_id[wid], e[4]) for wid in sorted(self.heads.dooming)
+                for e in risks[wid].doomed_at(self.now)]

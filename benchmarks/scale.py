@@ -40,8 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tropical.report.tables import render
 from tropical.sched.registry import policy_names
@@ -108,10 +110,10 @@ class Cell:
         return self.sim_cpu_s / self.bookings * 1e6
 
 
-def child(policy: str, workers: int, limit: int, rate: float) -> None:
-    """One cell in this process: ``tropical sim``'s experiment, its simulation's CPU time, events
-    and bookings (the simulator is caught as ``simulate`` builds it, to read its counts)."""
-    from tropical import native
+def simulated(policy: str, workers: int, limit: int, rate: float, source: str) -> tuple[Any, Any, float]:
+    """``tropical sim``'s experiment on the conversation trace's lengths with Poisson arrivals at
+    ``rate``, run here: its result, its simulator (caught as ``simulate`` builds it, to read its
+    counts) and the simulation's CPU time."""
     from tropical.config import SimConfig
     from tropical.sim import run
     from tropical.sim.build import experiment
@@ -125,12 +127,19 @@ def child(policy: str, workers: int, limit: int, rate: float) -> None:
     simulator, run.Simulator = run.Simulator, caught
     cfg = SimConfig().with_preset().updated(
         {"policy": policy, "trace": "conversation", "workers": workers, "arrivals": "poisson",
-         "rate": rate, "limit": limit}, "benchmarks/scale.py")
+         "rate": rate, "limit": limit}, source)
     exp = experiment(cfg)
     started = time.process_time()
     result = run.simulate(exp)
-    cpu = time.process_time() - started
-    data, sim = result.as_dict(), built[0]
+    return result, built[0], time.process_time() - started
+
+
+def child(policy: str, workers: int, limit: int, rate: float) -> None:
+    """One cell in this process: its simulation's CPU time, events and bookings."""
+    from tropical import native
+
+    result, sim, cpu = simulated(policy, workers, limit, rate, "benchmarks/scale.py")
+    data = result.as_dict()
     iterations = sum(s.iterations for s in result.worker_stats)
     print(json.dumps({"native": native.running(), "sim_cpu_s": cpu, "sim_wall_s": result.sim_wall_s,
                       "requests": data["requests"], "events": iterations + data["requests"],
@@ -204,10 +213,17 @@ def plot(cells: list[Cell], out: Path) -> Path:
     return path
 
 
+def ran_as_child(run: Callable[[str, int, int, float], None]) -> bool:
+    """Is this process a cell's (``--child POLICY WORKERS LIMIT RATE``)? If so, run it here."""
+    if sys.argv[1:2] != ["--child"]:
+        return False
+    policy, workers, limit, rate = sys.argv[2:6]
+    run(policy, int(workers), int(limit), float(rate))
+    return True
+
+
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:
-        policy, workers, limit, rate = sys.argv[2:6]
-        child(policy, int(workers), int(limit), float(rate))
+    if ran_as_child(child):
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4,16,64,256,1024")

@@ -75,7 +75,6 @@ class QueueWatch:
         self.marked.clear()
         for worker_id in stale:
             self._look(worker_id, by_id.get(worker_id), now)
-        self.heads.advance(now)
         return KeptAtRisk(self.heads, self.late, by_id, now)
 
     def _look(self, worker_id: int, worker: WorkerState | None, now: float) -> None:
@@ -83,7 +82,7 @@ class QueueWatch:
         no longer a live prefill worker, or with nothing queued behind its batch, has none at
         risk (one with nothing queued at all is forgotten until a prompt is queued there)."""
         if worker is None or len(worker.waiting) <= worker.batch_prefills:
-            self._settle(worker_id, False, now)
+            self._settle(worker_id, False)
             if worker is not None and not worker.waiting:
                 self.queued_on.discard(worker_id)
             return
@@ -92,13 +91,13 @@ class QueueWatch:
         risk = self.risks.get(worker_id)
         if risk is None or not risk.kept_for(priced, start):
             risk = self.risks[worker_id] = QueueRisk.of(priced, start)
-        self._settle(worker_id, bool(risk.late), now)
+        self._settle(worker_id, bool(risk.late))
         self.start_of[worker_id] = start
         heapq.heappush(self.starts, (start, worker_id))
 
-    def _settle(self, worker_id: int, late: bool, now: float) -> None:
-        """File ``worker_id`` among the queues at risk at ``now``, or take it out."""
-        self.heads.file(worker_id, late, now)
+    def _settle(self, worker_id: int, late: bool) -> None:
+        """File ``worker_id`` among the queues at risk, or take it out."""
+        self.heads.mark(worker_id, late)
         place = bisect_left(self.late, worker_id)
         filed = place < len(self.late) and self.late[place] == worker_id
         if late and not filed:

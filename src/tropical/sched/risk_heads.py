@@ -9,6 +9,11 @@ the time its first open prompt becomes doomed. So ``RiskHeads`` keeps three heap
 at risk: their first open prompts (by length, then worker id: the merge's order), the times their
 open prompts next become doomed, and the times their first prompt that has not yielded does. A
 round reads the first heap in order without popping it, so only the queues it reaches cost it.
+Queues are filed when a round first reads the heaps. The paper's toggle, which merges every
+queue's at-risk prompts with the doomed among them, never reads them, and neither does a round
+that finds at most ``DIRECT`` queues at risk: it merges them directly, as before (a small
+fleet's one or two prefill queues cost less to merge than to keep in heaps: with heaps alone a
+4-worker run counted 1-3% more instructions).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from tropical.core.request import Request
 from tropical.sched.risk import DOOM_MARGIN, AtRisk, QueueRisk, _Late
 
 Owner = TypeVar("Owner")
+DIRECT = 2
+"""A round that finds at most this many queues at risk merges them directly (``AtRisk``)."""
 _Head = tuple[int, int, int]
 """A queue's first open prompt's length, the queue's worker id, and the filing it belongs to."""
 _Due = tuple[float, int, int]
@@ -35,10 +42,11 @@ class RiskHeads:
     version, ``version``) in three heaps, entries of older filings left in place until a heap
     outgrows its queues: ``heads`` (first open prompt's length, id), ``dooms`` (when an open
     prompt next becomes doomed) and ``first_dooms`` (when a prompt that has not yielded first
-    becomes doomed); ``dooming`` holds the ids of queues whose first doom has passed.
-    (A plain class, as ``AtRisk``.)"""
+    becomes doomed); ``dooming`` holds the ids of queues whose first doom has passed, and
+    ``unfiled`` the queues looked at since the heaps were last read, each with whether it holds
+    prompts at risk. (A plain class, as ``AtRisk``.)"""
 
-    __slots__ = ("risks", "version", "heads", "dooms", "first_dooms", "dooming", "_stamps")
+    __slots__ = ("risks", "version", "heads", "dooms", "first_dooms", "dooming", "unfiled", "_stamps")
 
     def __init__(self, risks: Mapping[int, QueueRisk]) -> None:
         self.risks = risks
@@ -47,11 +55,16 @@ class RiskHeads:
         self.dooms: list[_Due] = []
         self.first_dooms: list[_Due] = []
         self.dooming: set[int] = set()
+        self.unfiled: dict[int, bool] = {}
         self._stamps = itertools.count()
 
-    def file(self, worker_id: int, late: bool, now: float) -> None:
-        """File the queue of ``worker_id`` afresh at ``now`` (its answer ``risks[worker_id]``),
-        or take it out where it holds no prompt at risk."""
+    def mark(self, worker_id: int, late: bool) -> None:
+        """The queue of ``worker_id`` was looked at: file it afresh (its answer
+        ``risks[worker_id]``) at the next read, or take it out where it holds no prompt at risk."""
+        self.unfiled[worker_id] = late
+
+    def _file(self, worker_id: int, late: bool, now: float) -> None:
+        """File the queue of ``worker_id`` afresh at ``now``, or take it out."""
         self.dooming.discard(worker_id)
         if not late:
             self.version.pop(worker_id, None)
@@ -69,16 +82,20 @@ class RiskHeads:
         self._compact()
 
     def advance(self, now: float) -> None:
-        """Bring the heaps to ``now``: queues whose open prompts may have become doomed are filed
-        again (each once), those whose first doom has passed join ``dooming``, and entries of older
-        filings leave the top of the heads heap."""
+        """Bring the heaps to ``now``: the queues looked at since the last read are filed, those
+        whose open prompts may have become doomed are filed again (each once), those whose first
+        doom has passed join ``dooming``, and entries of older filings leave the top of the heads
+        heap."""
+        for worker_id, late in self.unfiled.items():
+            self._file(worker_id, late, now)
+        self.unfiled.clear()
         due = []
         while self.dooms and self.dooms[0][0] <= now + DOOM_MARGIN:
             _, worker_id, stamp = heapq.heappop(self.dooms)
             if self.version.get(worker_id) == stamp:
                 due.append(worker_id)
         for worker_id in due:
-            self.file(worker_id, True, now)
+            self._file(worker_id, True, now)
         while self.first_dooms and self.first_dooms[0][0] <= now + DOOM_MARGIN:
             _, worker_id, stamp = heapq.heappop(self.first_dooms)
             if self.version.get(worker_id) == stamp:
@@ -139,15 +156,18 @@ class RiskHeads:
 
 class KeptAtRisk(Generic[Owner]):
     """``AtRisk``'s answers read off a watch's kept heaps: the queues at risk (``late``, ids
-    ascending, owners in ``by_id``) at ``now``. (A plain class, as ``AtRisk``.)"""
+    ascending, owners in ``by_id``) at ``now``, merged directly where at most ``direct`` are.
+    (A plain class, as ``AtRisk``.)"""
 
-    __slots__ = ("heads", "late", "by_id", "now")
+    __slots__ = ("heads", "late", "by_id", "now", "direct")
 
-    def __init__(self, heads: RiskHeads, late: list[int], by_id: Mapping[int, Owner], now: float) -> None:
+    def __init__(self, heads: RiskHeads, late: list[int], by_id: Mapping[int, Owner], now: float,
+                 direct: int = DIRECT) -> None:
         self.heads = heads
         self.late = late
         self.by_id = by_id
         self.now = now
+        self.direct = direct
 
     @property
     def queues(self) -> list[tuple[Owner, QueueRisk]]:
@@ -159,15 +179,27 @@ class KeptAtRisk(Generic[Owner]):
         return sum(len(self.heads.risks[wid].late) for wid in self.late)
 
     def shortest_first(self, doomed_too: bool) -> Iterator[tuple[Request, Owner, float]]:
-        """As ``AtRisk.shortest_first``; without ``doomed_too``, from the kept heads."""
-        if doomed_too:
-            yield from AtRisk(self.queues, self.now).shortest_first(True)
-            return
+        """As ``AtRisk.shortest_first``; without ``doomed_too``, from the kept heads where more
+        than ``direct`` queues are at risk. (A direct merge drops from a queue's open prompts
+        only those doomed by now, and the heaps file such a queue again at their next read: its
+        next doom is due.)"""
+        if doomed_too or len(self.late) <= self.direct:
+            return AtRisk(self.queues, self.now).shortest_first(doomed_too)
+        return self._from_heads()
+
+    def _from_heads(self) -> Iterator[tuple[Request, Owner, float]]:
+        """The open prompts off the heads heap (a generator apart from ``shortest_first``, so that
+        the direct merges pass through no second generator)."""
+        self.heads.advance(self.now)
         for e, worker_id in self.heads.open_merged():
             yield e[2], self.by_id[worker_id], e[4]
 
     def doomed(self) -> list[tuple[Request, Owner, float]]:
-        """As ``AtRisk.doomed``: only the queues whose first doom has passed are asked."""
+        """As ``AtRisk.doomed``: only the queues whose first doom has passed are asked (all of
+        them where at most ``direct`` are at risk)."""
+        if len(self.late) <= self.direct:
+            return AtRisk(self.queues, self.now).doomed()
+        self.heads.advance(self.now)
         risks = self.heads.risks
         return [(e[2], self.by_id[wid], e[4]) for wid in sorted(self.heads.dooming)
                 for e in risks[wid].doomed_at(self.now)]

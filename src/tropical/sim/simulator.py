@@ -72,9 +72,9 @@ class WorkerStats:
 
 class Simulator:
     """Replays requests through a policy on a set of workers; deterministic for its inputs.
-    ``decision_s``: the wall time of each decision the cluster made (an arrival, or an
-    iteration's end: the policy's choices with the bookkeeping they read), for what a live
-    router would spend per event. ``settled``: how many decode runs were booked in part to bring
+    ``arrival_s`` and ``end_s``: the wall time of each decision the cluster made at an arrival
+    and at an iteration's end (the policy's choices with the bookkeeping they read), for what a
+    live router would spend per event. ``settled``: how many decode runs were booked in part to bring
     a worker up to date for a decision that read it (each is work an event costs beyond its own)."""
 
     def __init__(self, workers: Sequence[WorkerState], policy: Policy,
@@ -103,8 +103,14 @@ class Simulator:
         self._seq = itertools.count()
         self._flights: dict[int, Flight] = {}
         self._versions = itertools.count()
-        self.decision_s: list[float] = []
+        self.arrival_s: list[float] = []
+        self.end_s: list[float] = []
         self.settled = 0
+
+    @property
+    def decision_s(self) -> list[float]:
+        """Every decision's wall time, arrivals' first."""
+        return self.arrival_s + self.end_s
 
     def run(self) -> list[Request]:
         """Simulate until every request has finished or failed; returns them in arrival order."""
@@ -134,7 +140,7 @@ class Simulator:
     def _arrive(self, req: Request) -> None:
         started = time.perf_counter()
         effects = self.cluster.arrive(req, self.now)
-        self.decision_s.append(time.perf_counter() - started)
+        self.arrival_s.append(time.perf_counter() - started)
         self._carry_out(effects)
         if req.error is None:
             self._honor_checks()
@@ -250,7 +256,7 @@ class Simulator:
             stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
         started = time.perf_counter()
         booking = self.cluster.book(worker_id, flight.batch, self.now, steps, first=first, growth=growth)
-        self.decision_s.append(time.perf_counter() - started)
+        self.end_s.append(time.perf_counter() - started)
         for req in booking.prefilled:
             stats.prompt_tokens += req.prompt_len
             stats.cached_tokens += req.cached

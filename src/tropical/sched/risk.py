@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 from tropical.core.request import Request
 
 Owner = TypeVar("Owner")
+Tag = TypeVar("Tag")
 Priced = tuple[tuple[Request, float], ...]
 """A queue's first prompts in queue order, each with its predicted prefill time."""
 _Late = tuple[int, int, Request, float, float]
@@ -118,7 +119,7 @@ class AtRisk(Generic[Owner]):
         """The prompts a path may still save, shortest first, ties in scan order; with
         ``doomed_too`` the doomed ones as well, each after the others of its length."""
         if doomed_too:
-            entries = self._lost_last(self._merged([risk.late for _, risk in self.queues]))
+            entries = lost_last(self._merged([risk.late for _, risk in self.queues]), self.now)
         else:
             entries = self._merged([risk.open_at(self.now) for _, risk in self.queues])
         for e, owner in entries:  # a loop, not a returned generator expression: compiled, that is a list
@@ -136,16 +137,19 @@ class AtRisk(Generic[Owner]):
             return _merge(tagged)
         return chain(*[zip(entries, repeat(owner)) for entries, owner in tagged])
 
-    def _lost_last(self, merged: Iterator[tuple[_Late, Owner]]) -> Iterator[tuple[_Late, Owner]]:
-        """``merged`` with each run of one length reordered: the doomed after the others."""
-        for _, run in groupby(merged, key=_length):
-            same = list(run)
-            if len(same) == 1:
-                yield same[0]
-                continue
-            lost = [doomed(e[2], e[3], self.now) for e, _ in same]
-            yield from (t for t, gone in zip(same, lost, strict=True) if not gone)
-            yield from (t for t, gone in zip(same, lost, strict=True) if gone)
+
+
+def lost_last(merged: Iterator[tuple[_Late, Tag]], now: float) -> Iterator[tuple[_Late, Tag]]:
+    """``merged`` (by length) with each run of one length reordered: the prompts doomed at
+    ``now`` after the others."""
+    for _, run in groupby(merged, key=_length):
+        same = list(run)
+        if len(same) == 1:
+            yield same[0]
+            continue
+        lost = [doomed(e[2], e[3], now) for e, _ in same]
+        yield from (t for t, gone in zip(same, lost, strict=True) if not gone)
+        yield from (t for t, gone in zip(same, lost, strict=True) if gone)
 
 
 def _length(tagged: tuple[_Late, object]) -> int:

@@ -26,7 +26,7 @@ Owner = TypeVar("Owner")
 Tag = TypeVar("Tag")
 Priced = tuple[tuple[Request, float], ...]
 """A queue's first prompts in queue order, each with its predicted prefill time."""
-_Late = tuple[int, int, Request, float, float]
+Late = tuple[int, int, Request, float, float]
 """An at-risk prompt: its length, its place in the queue, itself, its cost and its Path 1 finish."""
 
 
@@ -50,9 +50,9 @@ class QueueRisk:
 
     priced: Priced
     start: float
-    late: list[_Late]
-    in_place: list[_Late]
-    open: list[_Late]
+    late: list[Late]
+    in_place: list[Late]
+    open: list[Late]
     first_doom: float
     open_doom: float = math.inf
     since: float = -math.inf
@@ -70,7 +70,7 @@ class QueueRisk:
         return QueueRisk(priced, start, by_length, unyielded, by_length, _doom_time(unyielded),
                          _doom_time(late))
 
-    def doomed_at(self, now: float) -> list[_Late]:
+    def doomed_at(self, now: float) -> list[Late]:
         """The at-risk prompts that have not yielded and are doomed at ``now``, by place (at every
         iteration end of every worker: under overload a queue holds hundreds that yielded, and
         most ends find none newly doomed)."""
@@ -84,7 +84,7 @@ class QueueRisk:
         the toggle asks each of them at every iteration end of every worker.)"""
         return self.priced is priced and (self.start == start or not priced)
 
-    def open_at(self, now: float) -> list[_Late]:
+    def open_at(self, now: float) -> list[Late]:
         """The at-risk prompts not doomed at ``now`` (read again only once one of them may be:
         under a burst a queue holds hundreds, and the toggle asks at every iteration end)."""
         if now < self.since:
@@ -96,7 +96,7 @@ class QueueRisk:
         return self.open
 
 
-def _doom_time(entries: list[_Late]) -> float:
+def _doom_time(entries: list[Late]) -> float:
     """When the first of ``entries`` becomes doomed (each at its TTFT deadline less its cost)."""
     return min((e[2].arrival + e[2].slo.ttft - e[3] for e in entries), default=math.inf)
 
@@ -129,7 +129,7 @@ class AtRisk(Generic[Owner]):
         """The doomed prompts that have not yielded (when their queue was priced), in scan order."""
         return [(e[2], owner, e[4]) for owner, risk in self.queues for e in risk.doomed_at(self.now)]
 
-    def _merged(self, lists: list[list[_Late]]) -> Iterator[tuple[_Late, Owner]]:
+    def _merged(self, lists: list[list[Late]]) -> Iterator[tuple[Late, Owner]]:
         """One list per queue, each by length then place, merged by length then queue (most
         rounds find at most one queue at risk: that one needs no merge)."""
         tagged = [(entries, owner) for entries, (owner, _) in zip(lists, self.queues, strict=True) if entries]
@@ -138,8 +138,7 @@ class AtRisk(Generic[Owner]):
         return chain(*[zip(entries, repeat(owner)) for entries, owner in tagged])
 
 
-
-def lost_last(merged: Iterator[tuple[_Late, Tag]], now: float) -> Iterator[tuple[_Late, Tag]]:
+def lost_last(merged: Iterator[tuple[Late, Tag]], now: float) -> Iterator[tuple[Late, Tag]]:
     """``merged`` (by length) with each run of one length reordered: the prompts doomed at
     ``now`` after the others."""
     for _, run in groupby(merged, key=_length):
@@ -152,11 +151,11 @@ def lost_last(merged: Iterator[tuple[_Late, Tag]], now: float) -> Iterator[tuple
         yield from (t for t, gone in zip(same, lost, strict=True) if gone)
 
 
-def _length(tagged: tuple[_Late, object]) -> int:
+def _length(tagged: tuple[Late, object]) -> int:
     return tagged[0][0]
 
 
-def _merge(tagged: list[tuple[list[_Late], Owner]]) -> Iterator[tuple[_Late, Owner]]:
+def _merge(tagged: list[tuple[list[Late], Owner]]) -> Iterator[tuple[Late, Owner]]:
     """The lists merged lazily by length, ties by list then place: ``heapq.merge``'s order, from
     a heap of (length, list, place) in a generator function, which mypyc compiles (``heapq.merge``
     is a Python generator that wraps every entry with its key: under a burst, a sixth of the

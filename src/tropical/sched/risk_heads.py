@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import Generic, TypeVar
 
 from tropical.core.request import Request
-from tropical.sched.risk import DOOM_MARGIN, AtRisk, QueueRisk, _Late, lost_last
+from tropical.sched.risk import DOOM_MARGIN, AtRisk, Late, QueueRisk, lost_last
 
 Owner = TypeVar("Owner")
 DIRECT = 2
@@ -131,7 +131,7 @@ class RiskHeads:
         heapq.heapify(kept)
         return kept
 
-    def merged(self, opened: bool) -> Iterator[tuple[_Late, int]]:
+    def merged(self, opened: bool) -> Iterator[tuple[Late, int]]:
         """Every queue's open prompts (as filed; ``opened``) or at-risk prompts, by length, then
         worker id, then place: their heap (``heads`` or ``lates``) is read in order through a
         second heap of its indices (it is not popped), and a queue's prompts join the merge only

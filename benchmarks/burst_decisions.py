@@ -28,11 +28,11 @@ from tropical.report.tables import render  # noqa: E402
 
 
 def percentiles(seconds: list[float]) -> list[float] | None:
-    """P50 and P99 in microseconds, as ``tropical sim`` reports them (None: no such decisions)."""
-    if not seconds:
-        return None
-    ranked = sorted(seconds)
-    return [ranked[min(len(ranked) - 1, int(q * len(ranked)))] * 1e6 for q in (0.50, 0.99)]
+    """P50 and P99 in microseconds, as ``tropical sim`` reports them (None: no such decisions,
+    as in a tree whose simulator does not time them apart)."""
+    from tropical.sim.run import decision_percentiles
+
+    return list(decision_percentiles(seconds)) if seconds else None
 
 
 def child(policy: str, workers: int, limit: int, rate: float) -> None:

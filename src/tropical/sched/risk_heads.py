@@ -85,30 +85,30 @@ class RiskHeads:
             self.dooming.add(worker_id)
         elif risk.first_doom < math.inf:
             heapq.heappush(self.first_dooms, (risk.first_doom, worker_id, stamp))
-        self._compact()
 
     def advance(self, now: float) -> None:
         """Bring the heaps to ``now``: the queues looked at since the last read are filed, those
         whose open prompts may have become doomed are filed again (each once), those whose first
-        doom has passed join ``dooming``, and entries of older filings leave the tops of the
-        heaps read in order."""
+        doom has passed join ``dooming``, entries of older filings leave the tops of the heaps
+        read in order, and the heaps are compacted (once per read, not per filing)."""
         for worker_id, late in self.unfiled.items():
             self._file(worker_id, late, now)
         self.unfiled.clear()
         due = []
         while self.dooms and self.dooms[0][0] <= now + DOOM_MARGIN:
             _, worker_id, stamp = heapq.heappop(self.dooms)
-            if self.version.get(worker_id) == stamp:
+            if self._current(worker_id, stamp):
                 due.append(worker_id)
         for worker_id in due:
             self._file(worker_id, True, now)
         while self.first_dooms and self.first_dooms[0][0] <= now + DOOM_MARGIN:
             _, worker_id, stamp = heapq.heappop(self.first_dooms)
-            if self.version.get(worker_id) == stamp:
+            if self._current(worker_id, stamp):
                 self.dooming.add(worker_id)
         for heap in (self.lates, self.heads):
             while heap and not self._current(heap[0][1], heap[0][2]):
                 heapq.heappop(heap)
+        self._compact()
 
     def _current(self, worker_id: int, stamp: int) -> bool:
         return self.version.get(worker_id) == stamp

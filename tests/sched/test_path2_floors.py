@@ -1,6 +1,7 @@
 """Path 2 prices the multiplexing workers from the lowest floor up: each floor is never above the
 price it stands for, the walk yields every worker in order of its price, and a fleet decides
-exactly as it does when every worker is priced."""
+exactly as it does when every worker is priced, or when those whose floor is not worth taking
+are priced too."""
 
 from __future__ import annotations
 
@@ -42,9 +43,12 @@ def test_by_cost_yields_every_worker_in_order_of_cost_and_prices_only_what_it_mu
     assert sorted(priced) == [w.id for w in workers]
 
 
-def fleet_run(limit: int = 500) -> list[tuple[int, float, float, int | None, int | None]]:
-    cfg = replace(SimConfig(limit=limit).with_preset(), workers=64)
-    result = simulate(experiment(cfg).with_policy("tropical+").at_rate(16.0))
+Outcome = tuple[int, float, float, int | None, int | None]
+
+
+def fleet_run(workers: int = 64, scale: float = 16.0) -> list[Outcome]:
+    cfg = replace(SimConfig(limit=500).with_preset(), workers=workers)
+    result = simulate(experiment(cfg).with_policy("tropical+").at_rate(scale))
     return [(r.id, r.first_token, r.finish, r.prefill_worker, r.decode_worker) for r in result.requests]
 
 
@@ -52,11 +56,11 @@ def test_floors_never_exceed_the_price_and_change_no_decision(monkeypatch) -> No
     looks = []
     walk = TropicalPolicy._by_first_look
 
-    def checked(self, req, workers, plans, now):  # type: ignore[no-untyped-def]
+    def checked(self, req, workers, plans, now, worth_by):  # type: ignore[no-untyped-def]
         floor = chunked_floors(req, workers, now)
         assert floor is not None
         looks.extend((floor(w), self._first_look(req, w, plans, now)) for w in workers)
-        return walk(self, req, workers, plans, now)
+        return walk(self, req, workers, plans, now, worth_by)
 
     monkeypatch.setattr(TropicalPolicy, "_by_first_look", checked)
     floored = fleet_run()
@@ -66,3 +70,27 @@ def test_floors_never_exceed_the_price_and_change_no_decision(monkeypatch) -> No
     monkeypatch.setattr(TropicalPolicy, "_by_first_look", walk)
     monkeypatch.setattr(tropical, "FLOORS_FROM", 10**9)
     assert fleet_run() == floored
+
+
+def test_workers_whose_floor_is_not_worth_taking_are_never_looked_at(monkeypatch) -> None:
+    """A worker whose floor already misses the prompt's TTFT SLO (or Path 1's finish) is left
+    out of the walk: fewer looks than with every worker walked, and the same decisions (16
+    workers at four times the preset's rate: past their capacity, where rounds read prompts
+    that no multiplexing worker can still save)."""
+    looks = 0
+    first_look, walk = TropicalPolicy._first_look, TropicalPolicy._by_first_look
+
+    def counted(self, req, worker, plans, now):  # type: ignore[no-untyped-def]
+        nonlocal looks
+        looks += 1
+        return first_look(self, req, worker, plans, now)
+
+    monkeypatch.setattr(TropicalPolicy, "_first_look", counted)
+    filtered, filtered_looks = fleet_run(16, 16.0), looks
+    looks = 0
+    def unfiltered(self, req, workers, plans, now, worth_by):  # type: ignore[no-untyped-def]
+        return walk(self, req, workers, plans, now, None)
+
+    monkeypatch.setattr(TropicalPolicy, "_by_first_look", unfiltered)
+    assert fleet_run(16, 16.0) == filtered
+    assert filtered_looks < 0.9 * looks

@@ -319,7 +319,7 @@ class TropicalPolicy(Policy):
             options = [(done, w.id, w) for w in workers
                        if (done := self._multiplex_finish(req, w, plans.get(w.id), now)) is not None]
             return min(options) if options else None
-        for finish, _, worker in self._by_first_look(req, workers, plans, now):
+        for finish, _, worker in self._by_first_look(req, workers, plans, now, worth_by):
             if worth_by is not None and not self._worth(req, finish, worth_by):
                 return None
             done = self._multiplex_finish(req, worker, plans.get(worker.id), now)
@@ -328,15 +328,19 @@ class TropicalPolicy(Policy):
         return None
 
     def _by_first_look(self, req: Request, workers: list[WorkerState], plans: dict[int, Pending],
-                       now: float) -> Iterator[tuple[float, int, WorkerState]]:
+                       now: float, worth_by: float | None) -> Iterator[tuple[float, int, WorkerState]]:
         """``workers`` by ``_first_look`` (ties by id), each looked at only once no worker looked
         at before it could come first (``chunked_floors``; all of them where there are none or
-        they are too few to save a look)."""
+        they are too few to save a look). Given ``worth_by``, those whose floor is already not
+        worth taking are left out: their finish is not either, and the caller stops at the first
+        that is not (under a burst most prompts a round reads are such on every worker)."""
         floor = chunked_floors(req, workers, now) if len(workers) > FLOORS_FROM else None
         if floor is None:
             return iter(sorted((self._first_look(req, w, plans, now), w.id, w) for w in workers))
-        return by_cost(least_bound_first((floor(w), w.id, w) for w in workers),
-                       lambda w: self._first_look(req, w, plans, now))
+        bounded = [(floor(w), w.id, w) for w in workers]
+        if worth_by is not None:
+            bounded = [b for b in bounded if self._worth(req, b[0], worth_by)]
+        return by_cost(least_bound_first(bounded), lambda w: self._first_look(req, w, plans, now))
 
     def _first_look(self, req: Request, worker: WorkerState, plans: dict[int, Pending], now: float) -> float:
         """``req``'s finish on ``worker`` before the checks: its kept price where one holds

@@ -85,12 +85,12 @@ def test_workers_whose_floor_is_not_worth_taking_are_never_looked_at(monkeypatch
         looks += 1
         return first_look(self, req, worker, plans, now)
 
-    monkeypatch.setattr(TropicalPolicy, "_first_look", counted)
-    filtered, filtered_looks = fleet_run(16, 16.0), looks
-    looks = 0
     def unfiltered(self, req, workers, plans, now, worth_by):  # type: ignore[no-untyped-def]
         return walk(self, req, workers, plans, now, None)
 
+    monkeypatch.setattr(TropicalPolicy, "_first_look", counted)
+    filtered, filtered_looks = fleet_run(16, 16.0), looks
+    looks = 0
     monkeypatch.setattr(TropicalPolicy, "_by_first_look", unfiltered)
     assert fleet_run(16, 16.0) == filtered
     assert filtered_looks < 0.9 * looks

@@ -1,7 +1,7 @@
 """Path 2 prices the multiplexing workers from the lowest floor up: each floor is never above the
 price it stands for, the walk yields every worker in order of its price, and a fleet decides
-exactly as it does when every worker is priced, or when those whose floor is not worth taking
-are priced too."""
+exactly as it does when every worker is priced, when those whose floor is not worth taking are
+priced too, or when no worker is priced last for a refusal its lineup remembers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tests.factories import make_worker
 from tropical.config import SimConfig
 from tropical.sched import tropical
+from tropical.sched.chunk import Lineup
 from tropical.sched.dispatch import by_cost, least_bound_first
 from tropical.sched.path2_floors import chunked_floors
 from tropical.sched.tropical import TropicalPolicy
@@ -94,3 +95,25 @@ def test_workers_whose_floor_is_not_worth_taking_are_never_looked_at(monkeypatch
     monkeypatch.setattr(TropicalPolicy, "_by_first_look", unfiltered)
     assert fleet_run(16, 16.0) == filtered
     assert filtered_looks < 0.9 * looks
+
+
+def test_workers_that_refused_a_prompt_the_candidate_covers_are_walked_last_and_decide_alike(
+        monkeypatch) -> None:
+    """A worker whose lineup refused a prompt that the candidate covers (``Lineup.refused``) is
+    priced last and passed over: the same decisions as when every lineup forgets its refusals
+    (and walks its prompts again), and some first looks were such (16 workers past their
+    capacity, as above)."""
+    covered = 0
+    refused = Lineup.refused
+
+    def counted(self, chunk, start, own, ahead):  # type: ignore[no-untyped-def]
+        nonlocal covered
+        answer = refused(self, chunk, start, own, ahead)
+        covered += answer
+        return answer
+
+    monkeypatch.setattr(Lineup, "refused", counted)
+    remembered = fleet_run(16, 16.0)
+    assert covered > 100
+    monkeypatch.setattr(Lineup, "refused", lambda self, chunk, start, own, ahead: False)
+    assert fleet_run(16, 16.0) == remembered

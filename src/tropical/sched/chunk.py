@@ -69,7 +69,8 @@ class Lineup:
     a new prompt is placed among them (least slack first under laxity, else as queued), the
     sums of every prefix (after the prompts chunked in the iteration in flight), and, per chunk
     and start, when each prefix would be done. Every candidate of a round is placed in the
-    same lineup, so these are computed once, not once per candidate."""
+    same lineup, so these are computed once, not once per candidate. It also keeps, per chunk and
+    start, candidates whose promises it refused (``keeps_promises``)."""
 
     worker: WorkerState
     order: list[Request]
@@ -77,6 +78,7 @@ class Lineup:
     prefixes: list[Pending]
     laxity: bool
     _done: dict[tuple[Chunk, float], list[float | None]] = field(default_factory=dict)
+    _refused: dict[tuple[Chunk, float], list[tuple[int, Pending]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, worker: WorkerState, queue: Sequence[Request], carried: Sequence[tuple[Request, int]],
@@ -95,10 +97,16 @@ class Lineup:
             return len(self.order)
         return bisect_right(self.keys, self.worker.latest_start(req))
 
-    def keeps_promises(self, chunk: Chunk, start: float, req: Request, ahead: int) -> bool:
-        """Would every prompt behind ``req`` (placed after ``ahead`` prompts) that meets its
-        TTFT SLO without ``req`` still meet it with ``req`` run ahead of it? (Only those that do
-        are priced with ``req``: the sums are integers, so adding it last gives the same.)"""
+    def keeps_promises(self, chunk: Chunk, start: float, own: Pending, ahead: int) -> bool:
+        """Would every prompt behind a candidate with sums ``own`` (placed after ``ahead``
+        prompts) that meets its TTFT SLO without it still meet it with it run ahead of it?
+        (Only those that do are priced with it: the sums are integers, so adding it last gives
+        the same.) Under a monotone latency model a candidate placed no further back than one
+        refused, whose own prompt is no smaller in any term, is refused without the walk: the
+        prompt that the refused one would have cost its SLO is behind it too, and done no
+        sooner (under a burst most of a worker's refusals are such)."""
+        if self.refused(chunk, start, own, ahead):
+            return False
         done = self._done_of(chunk, start)
         for j in range(ahead, len(self.order)):
             other = self.order[j]
@@ -108,9 +116,27 @@ class Lineup:
                 alone = done[j + 1] = chunk.finish(self.worker, self.prefixes[j + 1], start)
             if deadline < alone:
                 continue
-            if chunk.finish(self.worker, self.prefixes[j + 1].plus(req, self.worker), start) > deadline:
+            if chunk.finish(self.worker, self.prefixes[j + 1].merged(own), start) > deadline:
+                self._refuse(chunk, start, own, ahead)
                 return False
         return True
+
+    def refused(self, chunk: Chunk, start: float, own: Pending, ahead: int) -> bool:
+        """Has this lineup refused a candidate that one with sums ``own``, placed after
+        ``ahead`` prompts, covers (see ``keeps_promises``)?"""
+        if not self._refused:
+            return False
+        refused = self._refused.get((chunk, start))
+        return refused is not None and any(ahead <= place and _covers(own, other) for place, other in refused)
+
+    def _refuse(self, chunk: Chunk, start: float, own: Pending, ahead: int) -> None:
+        """Keep a refusal (at most ``REFUSALS_KEPT`` per chunk and start, those another one
+        covers dropped), where the latency model makes it cover others."""
+        if not self.worker.latency.monotone:
+            return
+        kept = [(place, other) for place, other in self._refused.get((chunk, start), ())
+                if not (place <= ahead and _covers(other, own))]
+        self._refused[(chunk, start)] = [*kept[-(REFUSALS_KEPT - 1):], (ahead, own)]
 
     def _done_of(self, chunk: Chunk, start: float) -> list[float | None]:
         """When the first ``count`` prompts of the lineup would be done, fed in ``chunk``s from
@@ -119,3 +145,15 @@ class Lineup:
         if done is None:
             done = self._done[(chunk, start)] = [None] * len(self.prefixes)
         return done
+
+
+REFUSALS_KEPT = 8
+"""Refused candidates a lineup keeps per chunk and start (a look through them must stay cheaper
+than the walk it saves)."""
+
+
+def _covers(own: Pending, refused: Pending) -> bool:
+    """Is a prompt with sums ``own`` at least as much work as one with ``refused`` in every term
+    that a chunked finish reads?"""
+    return (own.count == refused.count and own.tokens >= refused.tokens and own.pairs >= refused.pairs
+            and own.cached >= refused.cached and own.loads >= refused.loads)

@@ -195,9 +195,9 @@ class NewTokenFloors:
     """For each worker, a floor on the prompt tokens of ``req`` it would compute: what the
     request has left where it is, else its prompt past the run of its prefix blocks that the
     worker holds (the fleet's directory says, in one walk of the prompt's blocks: ``levels``,
-    the workers by how many blocks they hold), and never less than the last token (a hit stops
-    short of it). Every worker that holds none of its blocks has the same floor (``rest``).
-    (A plain class: compiled.)"""
+    the workers nested by how many blocks they hold, read deepest first), and never less than
+    the last token (a hit stops short of it). Every worker that holds none of its blocks has the
+    same floor (``rest``). (A plain class: compiled.)"""
 
     __slots__ = ("left", "prompt", "span", "levels", "rest")
 

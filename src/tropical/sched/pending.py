@@ -71,6 +71,14 @@ class Pending:
                        self.peak + req.kv_tokens, self.pairs + attention_pairs(left, cached),
                        self.cached + cached, loads)
 
+    def merged(self, other: Pending) -> Pending:
+        """These prompts and ``other``'s: ``plus`` of each of them in turn gives the same sums, so
+        a candidate's own sums, taken once, are merged into each prefix of a queue it is tried
+        behind instead of looked up in the worker's cache for every one."""
+        return Pending(self.count + other.count, self.tokens + other.tokens, self.kv_new + other.kv_new,
+                       self.peak + other.peak, self.pairs + other.pairs, self.cached + other.cached,
+                       self.loads + other.loads)
+
     @property
     def shape(self) -> BatchShape:
         """One iteration running all these prompts whole."""

@@ -44,10 +44,13 @@ class PrefixDirectory:
         return {worker_id: depth for depth, held in self.levels(req) for worker_id in held}
 
     def levels(self, req: Request) -> list[tuple[int, set[int]]]:
-        """The workers holding ``req``'s first prefix block by how many of its blocks, from the
-        first, they hold: (that many, those workers), shallowest first (the workers left at
-        each depth are those holding every block so far, so the walk costs set operations on
-        the holders of its first blocks, not a look at each)."""
+        """The workers holding ``req``'s first prefix block, nested by how many of its blocks,
+        from the first, they hold: (that many, the workers holding at least that many), fewest
+        first, so a worker's run is the deepest level it is in. The walk costs set operations
+        on the holders of its first blocks, not a look at each, and copies none: the levels are
+        the directory's own sets where every worker holding the last block kept also holds the
+        next (the first block of a conversation is held by every worker), which the caller must
+        not edit."""
         levels: list[tuple[int, set[int]]] = []
         left: set[int] = set()
         depth = 0
@@ -59,20 +62,20 @@ class PrefixDirectory:
             if depth and len(held) >= len(left) and held.issuperset(left):
                 depth += 1
                 continue
-            kept = set(held) if not depth else left & held
+            kept = held if not depth else left & held
             if not kept:
                 break
             if len(kept) < len(left):
-                levels.append((depth, left - kept))
+                levels.append((depth, left))
             left, depth = kept, depth + 1
         if left:
             levels.append((depth, left))
         return levels
 
     def levels_with(self, req: Request, store: HostStore) -> tuple[list[tuple[int, set[int]]], int]:
-        """``levels`` when every worker also loads from ``store`` (shared host memory, whose
-        keys this directory does not list): the workers that reach deeper than every worker
-        does, by depth, and the depth every worker reaches."""
+        """``levels`` (nested as there) when every worker also loads from ``store`` (shared host
+        memory, whose keys this directory does not list): the workers that reach deeper than
+        every worker does, by depth, and the depth every worker reaches."""
         levels: list[tuple[int, set[int]]] = []
         left: set[int] = set()
         everyone: int | None = None
@@ -81,11 +84,11 @@ class PrefixDirectory:
         for key in prefix:
             if store.blocks(key) < 0:
                 held = self.holders.get(key) or set()
-                kept = set(held) if everyone is None else left & held
+                kept = held if everyone is None else left & held
                 if everyone is None:
                     everyone = depth
                 elif len(kept) < len(left):
-                    levels.append((depth, left - kept))
+                    levels.append((depth, left))
                 left = kept
                 if not left:
                     return levels, everyone

@@ -352,13 +352,21 @@ class TropicalPolicy(Policy):
         return self._unchecked_finish(req, worker, now)
 
     def _unchecked_finish(self, req: Request, worker: WorkerState, now: float) -> float:
-        """``_chunked_finish`` before its checks (inf where no chunk fits)."""
+        """``_chunked_finish`` before its checks: inf where no chunk fits, or where the worker's
+        lineup already refused a prompt that ``req`` covers (``Lineup.refused``: its checks
+        would refuse ``req`` too, and a worker that refuses is passed over whatever its price,
+        so pricing it last decides the same; under a burst most of a full walk's workers are
+        such)."""
         nxt = self._next_of(worker, now)
         chunk = self._chunk_of(worker, nxt, min(nxt.min_tpot, req.slo.tpot))
         if chunk.tokens == 0:
             return math.inf
         lineup = self._lineup_of(worker, now)
-        return chunk.finish(worker, lineup.prefixes[lineup.place(req)].plus(req, worker), nxt.start)
+        ahead = lineup.place(req)
+        own = Pending().plus(req, worker)
+        if lineup.refused(chunk, nxt.start, own, ahead):
+            return math.inf
+        return chunk.finish(worker, lineup.prefixes[ahead].merged(own), nxt.start)
 
     def _worth(self, req: Request, done: float, path1_finish: float) -> bool:
         """Is Path 2's predicted finish worth taking? The paper's toggle: sooner than Path 1.
@@ -480,9 +488,10 @@ class TropicalPolicy(Policy):
             return None
         lineup = self._lineup_of(worker, now)
         ahead = lineup.place(req)
-        if not lineup.keeps_promises(chunk, nxt.start, req, ahead):
+        own = Pending().plus(req, worker)
+        if not lineup.keeps_promises(chunk, nxt.start, own, ahead):
             return None
-        return chunk.finish(worker, lineup.prefixes[ahead].plus(req, worker), nxt.start)
+        return chunk.finish(worker, lineup.prefixes[ahead].merged(own), nxt.start)
 
     def _banked_finish(self, req: Request, worker: WorkerState, nxt: NextIteration,
                        limit: float, now: float) -> float | None:

@@ -117,3 +117,28 @@ def test_workers_that_refused_a_prompt_the_candidate_covers_are_walked_last_and_
     assert covered > 100
     monkeypatch.setattr(Lineup, "refused", lambda self, chunk, start, own, ahead: False)
     assert fleet_run(16, 16.0) == remembered
+
+
+def test_workers_without_room_for_the_prompt_alone_are_priced_last_and_decide_alike(monkeypatch) -> None:
+    """A worker with no seat or KV for the prompt alone (it refuses it behind its queue too) is
+    priced last, unlooked at: the same decisions as when it is looked at and refused, and at the
+    paper cluster's full trace rate many such workers."""
+    refusals = 0
+    alone = TropicalPolicy._refuses_alone
+
+    def counted(self, worker, own):  # type: ignore[no-untyped-def]
+        nonlocal refusals
+        answer = alone(self, worker, own)
+        refusals += answer
+        return answer
+
+    def run() -> list[Outcome]:
+        preset = experiment(SimConfig(limit=600).with_preset())
+        result = simulate(preset.with_policy("tropical+").at_rate(1.0))
+        return [(r.id, r.first_token, r.finish, r.prefill_worker, r.decode_worker) for r in result.requests]
+
+    monkeypatch.setattr(TropicalPolicy, "_refuses_alone", counted)
+    skipped = run()
+    assert refusals > 100
+    monkeypatch.setattr(TropicalPolicy, "_refuses_alone", lambda self, worker, own: False)
+    assert run() == skipped

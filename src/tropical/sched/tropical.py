@@ -352,21 +352,29 @@ class TropicalPolicy(Policy):
         return self._unchecked_finish(req, worker, now)
 
     def _unchecked_finish(self, req: Request, worker: WorkerState, now: float) -> float:
-        """``_chunked_finish`` before its checks: inf where no chunk fits, or where the worker's
-        lineup already refused a prompt that ``req`` covers (``Lineup.refused``: its checks
-        would refuse ``req`` too, and a worker that refuses is passed over whatever its price,
-        so pricing it last decides the same; under a burst most of a full walk's workers are
-        such)."""
+        """``_chunked_finish`` before its checks: inf where no chunk fits, and where the checks
+        would refuse ``req`` for what a look reads anyway: no seat or KV for its prompt alone
+        (``_refuses_alone``; at the paper cluster's full trace rate three looks in ten), or a prompt
+        it covers already refused by the worker's lineup (``Lineup.refused``; under a burst most
+        of a full walk's workers). A worker that refuses is passed over whatever its price, so
+        pricing it last decides the same."""
+        own = Pending().plus(req, worker)
+        if self._refuses_alone(worker, own):
+            return math.inf
         nxt = self._next_of(worker, now)
         chunk = self._chunk_of(worker, nxt, min(nxt.min_tpot, req.slo.tpot))
         if chunk.tokens == 0:
             return math.inf
         lineup = self._lineup_of(worker, now)
         ahead = lineup.place(req)
-        own = Pending().plus(req, worker)
         if lineup.refused(chunk, nxt.start, own, ahead):
             return math.inf
         return chunk.finish(worker, lineup.prefixes[ahead].merged(own), nxt.start)
+
+    def _refuses_alone(self, worker: WorkerState, own: Pending) -> bool:
+        """Would ``worker`` refuse a prompt with sums ``own`` even were nothing else queued
+        there (no seat, or no KV under the watermark)? Then it refuses it behind its queue too."""
+        return not self._room_for(worker, own)
 
     def _worth(self, req: Request, done: float, path1_finish: float) -> bool:
         """Is Path 2's predicted finish worth taking? The paper's toggle: sooner than Path 1.

@@ -47,8 +47,11 @@ def test_by_cost_yields_every_worker_in_order_of_cost_and_prices_only_what_it_mu
 Outcome = tuple[int, float, float, int | None, int | None]
 
 
-def fleet_run(workers: int = 64, scale: float = 16.0) -> list[Outcome]:
-    cfg = replace(SimConfig(limit=500).with_preset(), workers=workers)
+def fleet_run(workers: int | None = 64, scale: float = 16.0, limit: int = 500) -> list[Outcome]:
+    """``tropical+``'s outcomes on ``workers`` (None: the preset's cluster) at rate ``scale``."""
+    cfg = SimConfig(limit=limit).with_preset()
+    if workers is not None:
+        cfg = replace(cfg, workers=workers)
     result = simulate(experiment(cfg).with_policy("tropical+").at_rate(scale))
     return [(r.id, r.first_token, r.finish, r.prefill_worker, r.decode_worker) for r in result.requests]
 
@@ -132,13 +135,8 @@ def test_workers_without_room_for_the_prompt_alone_are_priced_last_and_decide_al
         refusals += answer
         return answer
 
-    def run() -> list[Outcome]:
-        preset = experiment(SimConfig(limit=600).with_preset())
-        result = simulate(preset.with_policy("tropical+").at_rate(1.0))
-        return [(r.id, r.first_token, r.finish, r.prefill_worker, r.decode_worker) for r in result.requests]
-
     monkeypatch.setattr(TropicalPolicy, "_refuses_alone", counted)
-    skipped = run()
+    skipped = fleet_run(None, 1.0, 600)
     assert refusals > 100
     monkeypatch.setattr(TropicalPolicy, "_refuses_alone", lambda self, worker, own: False)
-    assert run() == skipped
+    assert fleet_run(None, 1.0, 600) == skipped

@@ -461,17 +461,19 @@ class TropicalPolicy(Policy):
         return self._prices.price(req, worker, now, lambda: self._priced(req, worker, None, now))
 
     def _priced(self, req: Request, worker: WorkerState, plan: Pending | None, now: float) -> float | None:
-        """``_multiplex_finish`` computed."""
+        """``_multiplex_finish`` computed (the candidate's own sums taken once, for the checks on
+        the whole queue and for the chunked finish)."""
         nxt = self._next_of(worker, now)
-        prefills = (plan or self._queued_of(worker, now)).plus(req, worker)
+        own = Pending().plus(req, worker)
+        prefills = (plan or self._queued_of(worker, now)).merged(own)
         if not self._room_for(worker, prefills):
             return None
         if self.toggle.chunked:
             limit = min(nxt.min_tpot, req.slo.tpot)
             if not self._decodes_fit(worker, nxt, prefills, limit):
                 return None
-            banked = self._banked_finish(req, worker, nxt, limit, now) if self.toggle.burst else None
-            return banked if banked is not None else self._chunked_finish(req, worker, nxt, limit, now)
+            banked = self._banked_finish(req, worker, nxt, limit, own, now) if self.toggle.burst else None
+            return banked if banked is not None else self._chunked_finish(req, worker, nxt, limit, own, now)
         shape = prefills.with_decodes(nxt.decode_count, nxt.decode_context)
         iteration = worker.latency.iteration_time(shape) + prefills.loads
         if not nxt.fits(iteration, self._path2_slack):
@@ -486,23 +488,23 @@ class TropicalPolicy(Policy):
         return worker.latency.iteration_time(shape) <= limit
 
     def _chunked_finish(self, req: Request, worker: WorkerState, nxt: NextIteration,
-                        limit: float, now: float) -> float | None:
-        """When ``req``'s prompt would be done on ``worker`` fed in chunks behind the prompts it
-        waits for, each iteration at most ``limit`` long (the tightest TPOT SLO among its
-        decodes as they stand now and the request's own, which decodes there next); None if
-        no chunk fits or it would cost a prompt behind it its TTFT SLO."""
+                        limit: float, own: Pending, now: float) -> float | None:
+        """When ``req``'s prompt (its sums there ``own``) would be done on ``worker`` fed in
+        chunks behind the prompts it waits for, each iteration at most ``limit`` long (the
+        tightest TPOT SLO among its decodes as they stand now and the request's own, which
+        decodes there next); None if no chunk fits or it would cost a prompt behind it its TTFT
+        SLO."""
         chunk = self._chunk_of(worker, nxt, limit)
         if chunk.tokens == 0:
             return None
         lineup = self._lineup_of(worker, now)
         ahead = lineup.place(req)
-        own = Pending().plus(req, worker)
         if not lineup.keeps_promises(chunk, nxt.start, own, ahead):
             return None
         return chunk.finish(worker, lineup.prefixes[ahead].merged(own), nxt.start)
 
     def _banked_finish(self, req: Request, worker: WorkerState, nxt: NextIteration,
-                       limit: float, now: float) -> float | None:
+                       limit: float, own: Pending, now: float) -> float | None:
         """When ``req``'s prompt would be done on ``worker`` fed in chunks larger than
         ``limit`` allows, spending the decodes' banked slack (no iteration longer than the
         request's TBT SLO, the longest gap its stream may show); None if they have none beyond
@@ -511,7 +513,7 @@ class TropicalPolicy(Policy):
         bank = min(nxt.budget.limit(nxt.start, SlackRule.BANKED), req.slo.tbt)
         if not limit < bank < math.inf:
             return None
-        done = self._chunked_finish(req, worker, nxt, bank, now)
+        done = self._chunked_finish(req, worker, nxt, bank, own, now)
         if done is None:
             return None
         steps = math.ceil((done - nxt.start) / self._chunk_of(worker, nxt, bank).iteration - 1e-9)

@@ -15,13 +15,14 @@ def queue(costs: list[float], ttfts: list[float], prompts: list[int] | None = No
 
 
 def exact_scan(queues: list[tuple[str, tuple, float]], now: float) -> tuple[list, list]:
-    """The toggle's scan as written before views were kept: (to save, doomed), scan order."""
+    """The toggle's scan as written before views were kept (prompts that yielded not at risk, but
+    in the clock): (to save, doomed), scan order."""
     hopeful, hopeless = [], []
     for owner, priced, start in queues:
         clock = start
         for req, cost in priced:
             clock += cost
-            if clock - req.arrival > req.slo.ttft:
+            if not req.yielded and clock - req.arrival > req.slo.ttft:
                 (hopeless if doomed(req, cost, now) else hopeful).append((req, owner, clock))
     return hopeful, hopeless
 
@@ -87,12 +88,13 @@ def doom_times(queues: list[tuple[str, tuple, float]]) -> list[float]:
     return [req.arrival + req.slo.ttft - cost for _, priced, _ in queues for req, cost in priced]
 
 
-def test_doomed_leaves_out_prompts_that_yielded_when_their_queue_was_priced():
-    priced = queue([0.6, 0.6, 0.6], [0.5, 0.5, 0.5])           # all three doomed from 0.0 on
+def test_a_prompt_that_yielded_is_not_at_risk_but_delays_those_behind_it():
+    priced = queue([0.6, 0.6, 0.6], [0.5, 0.5, 1.5])           # the first two doomed from 0.0 on
     priced[1][0].yielded = True
-    risk = view([("a", priced, 0.0)], now=0.0)
-    assert [r.id for r, _, _ in risk.doomed()] == [0, 2]
-    assert risk.count == 3                                     # still at risk, still counted
+    risk = view([("a", priced, 0.0)], now=0.0)                 # the third ends at 1.8 > 1.5
+    assert [r.id for r, _, _ in risk.doomed()] == [0]
+    assert [r.id for r, _, _ in risk.shortest_first(doomed_too=True)] == [2, 0]
+    assert risk.count == 2
 
 
 @settings(max_examples=300, deadline=None)
@@ -114,5 +116,5 @@ def test_the_view_agrees_with_a_fresh_scan_sorted_by_length(items, now, wait, la
         hopeful, hopeless = exact_scan(queues, t)
         assert list(risk.shortest_first(doomed_too=False)) == by_length(hopeful)
         assert list(risk.shortest_first(doomed_too=True)) == by_length(hopeful + hopeless)
-        assert risk.doomed() == [h for h in hopeless if not h[0].yielded]
+        assert risk.doomed() == hopeless
         assert risk.count == len(hopeful) + len(hopeless)

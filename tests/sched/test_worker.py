@@ -266,6 +266,37 @@ def test_a_prompt_that_yielded_waits_behind_every_prompt_that_can_still_make_it(
     assert hopeless[0].yielded                                # once out of reach, always
 
 
+def test_under_laxity_the_priced_prompts_end_at_the_first_that_yielded():
+    from tropical.core.request import PrefillPath
+    from tropical.sched.policy import Assignment, apply
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True))
+    hopeless = make_request(0, arrival=0.0, ttft=0.01)
+    apply(Assignment(hopeless, 0, PrefillPath.FALLBACK, "out of reach", yields=True), [worker])
+    hopeful = make_request(1, arrival=1.0, ttft=5.0)
+    worker.enqueue(hopeful)
+    priced = worker.queued_costs(4)
+    assert [r.id for r, _ in priced] == [1]                   # the yielded one is behind it, unpriced
+    gone = make_request(2, arrival=0.0, ttft=0.01)
+    apply(Assignment(gone, 0, PrefillPath.FALLBACK, "out of reach", yields=True), [worker])
+    assert worker.queued_costs(4) is priced                   # joined behind the first that yielded
+    worker.enqueue(make_request(3, arrival=1.0, ttft=9.0))
+    assert [r.id for r, _ in worker.queued_costs(4)] == [1, 3]
+
+
+def test_in_arrival_order_prompts_that_yielded_are_priced_for_those_behind_them():
+    from tropical.core.request import PrefillPath
+    from tropical.sched.policy import Assignment, apply
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True))
+    hopeless = make_request(0, arrival=0.0, ttft=0.01)
+    apply(Assignment(hopeless, 0, PrefillPath.FALLBACK, "out of reach", yields=True), [worker])
+    worker.enqueue(make_request(1, arrival=1.0, ttft=5.0))
+    assert [r.id for r, _ in worker.queued_costs(4)] == [0, 1]
+
+
 def test_a_migrated_request_is_watched_until_it_is_on_pace_with_its_tpot_slo():
     """First token at 0, TPOT SLO 0.1 s: its second token is due at 0.1 s. Joining at 0.06 s it
     is behind a whole SLO; once a token comes early enough it has a whole SLO to spare and

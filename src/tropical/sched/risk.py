@@ -2,7 +2,8 @@
 
 A queued prompt is *at risk* when its predicted Path 1 finish (its worker free from ``start``,
 then every prompt ahead of it, then its own) misses its TTFT SLO, and *doomed* when it would
-miss even if it started now, alone. The toggle asks at every iteration end of every worker,
+miss even if it started now, alone; one that yielded its place (``Request.yielded``) gave its SLO
+up for good, and is not at risk. The toggle asks at every iteration end of every worker,
 for the first ``lookahead`` prompts of every prefill queue; but a prefill queue's answer
 changes only when the queue does or its worker's next start moves (most iteration ends are
 other workers'), and a prompt once doomed stays doomed. So a ``QueueRisk`` keeps one queue's
@@ -17,7 +18,6 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, groupby, repeat
-from operator import itemgetter
 from typing import Generic, TypeVar
 
 from tropical.core.request import Request
@@ -44,9 +44,9 @@ from its verdict in the last bits)."""
 @dataclass(slots=True, eq=False)
 class QueueRisk:
     """One priced queue's at-risk prompts with its worker free from ``start`` (``late``, by
-    length then place), those of them that have not yielded (``in_place``, by place; none is
-    doomed before ``first_doom``), and those not doomed at ``since`` (``open``, by length then
-    place; none is doomed before ``open_doom``)."""
+    length then place), the same by place (``in_place``; none is doomed before ``first_doom``),
+    and those not doomed at ``since`` (``open``, by length then place; none is doomed before
+    ``open_doom``)."""
 
     priced: Priced
     start: float
@@ -59,21 +59,22 @@ class QueueRisk:
 
     @classmethod
     def of(cls, priced: Priced, start: float) -> QueueRisk:
-        """Finishes are added up one by one from ``start``, as the toggle has always priced them."""
-        clock, late = start, []
+        """Finishes are added up one by one from ``start``, as the toggle has always priced them
+        (a prompt that yielded delays those behind it, but is not at risk: it gave its TTFT SLO
+        up for good); the doom times are taken in the same pass."""
+        clock, in_place = start, []
+        first_doom = math.inf
         for place, (req, cost) in enumerate(priced):
             clock += cost
-            if clock - req.arrival > req.slo.ttft:
-                late.append((req.prompt_len, place, req, cost, clock))
-        by_length = sorted(late, key=itemgetter(0))
-        unyielded = [e for e in late if not e[2].yielded]
-        return QueueRisk(priced, start, by_length, unyielded, by_length, _doom_time(unyielded),
-                         _doom_time(late))
+            if not req.yielded and clock - req.arrival > req.slo.ttft:
+                in_place.append((req.prompt_len, place, req, cost, clock))
+                first_doom = min(first_doom, req.arrival + req.slo.ttft - cost)
+        late = sorted(in_place)  # by length, then place (places differ: nothing further is compared)
+        return QueueRisk(priced, start, late, in_place, late, first_doom, first_doom)
 
     def doomed_at(self, now: float) -> list[Late]:
-        """The at-risk prompts that have not yielded and are doomed at ``now``, by place (at every
-        iteration end of every worker: under overload a queue holds hundreds that yielded, and
-        most ends find none newly doomed)."""
+        """The at-risk prompts doomed at ``now``, by place (asked at every iteration end of every
+        worker: most find none newly doomed)."""
         if now + DOOM_MARGIN < self.first_doom:
             return []
         return [e for e in self.in_place if doomed(e[2], e[3], now)]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, takewhile
 
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.iterations import prefill_time
@@ -79,7 +80,7 @@ class WorkerState:
     _incoming_tokens: int = 0
     _min_tpot: tuple[int, float] = (-1, math.inf)
     _batch_edits: int = 0
-    _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...]] = (-1, 0, ())
+    _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...], float] = (-1, 0, (), 0.0)
     host_load_s: float = 0.0
     _loads_taken: int = 0
 
@@ -239,23 +240,30 @@ class WorkerState:
         return list(islice(self.waiting, self.batch_prefills, stop))
 
     def _queue_edited(self, slot: int) -> None:
-        """Count an edit of ``waiting`` at ``slot``. One behind the prompts ``queued_costs``
-        priced, with as many of them as it asked for, leaves those prices standing (under
-        overload most arrivals join a queue far longer than the toggle looks)."""
-        edits, depth, costs = self._priced_queue
+        """Count an edit of ``waiting`` at ``slot``. One behind what ``queued_costs`` read to
+        price its prompts (``behind`` places past the batch in flight) leaves those prices
+        standing (under overload most arrivals join a queue far longer than the toggle looks,
+        or behind prompts that yielded)."""
+        edits, depth, costs, behind = self._priced_queue
         self._queue_edits += 1
-        if edits == self._queue_edits - 1 and len(costs) == depth and slot >= self.batch_prefills + depth:
-            self._priced_queue = (self._queue_edits, depth, costs)
+        if edits == self._queue_edits - 1 and slot >= self.batch_prefills + behind:
+            self._priced_queue = (self._queue_edits, depth, costs, behind)
 
     def queued_costs(self, limit: int) -> tuple[tuple[Request, float], ...]:
-        """The first ``limit`` queued requests with their ``prefill_cost``; the toggle scans
-        them at every iteration end, so they are kept until the queue changes."""
-        edits, depth, costs = self._priced_queue
+        """The first ``limit`` queued requests with their ``prefill_cost``, under laxity order
+        only those ahead of the first that yielded: that one and every prompt behind it gave
+        their TTFT SLO up for good (a prompt that yields goes behind all that may still meet
+        theirs), so none of them can be at risk, and under overload they are most of a queue.
+        The toggle scans them at every iteration end, so they are kept until the queue changes."""
+        edits, depth, costs, _ = self._priced_queue
         if edits != self._queue_edits or depth != limit:
-            cost = self.prefill_cost
-            costs = tuple((req, cost(req)) for req in islice(self.waiting, self.batch_prefills,
-                                                             self.batch_prefills + limit))
-            self._priced_queue = (self._queue_edits, limit, costs)
+            start, cost = self.batch_prefills, self.prefill_cost
+            queued: Iterator[Request] = islice(self.waiting, start, start + limit)
+            if self.rules.laxity:
+                queued = takewhile(_may_be_late, queued)
+            costs = tuple((req, cost(req)) for req in queued)
+            behind = limit if len(costs) == limit else len(costs) + 1
+            self._priced_queue = (self._queue_edits, limit, costs, behind)
         return costs
 
     def prefill_cost(self, req: Request) -> float:
@@ -608,6 +616,11 @@ class WorkerState:
         if req.first_token is None:
             req.computed -= req.cached           # its cached prefix was this worker's
             req.cached = 0
+
+
+def _may_be_late(req: Request) -> bool:
+    """Can ``req``'s TTFT SLO still be at risk (it has not given it up by yielding)?"""
+    return not req.yielded
 
 
 # A real engine measures time instead of predicting it; a WorkerState only prices work for the TPOT

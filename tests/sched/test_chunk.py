@@ -42,8 +42,8 @@ def test_a_lineup_sums_each_prefix_after_the_prompts_carried_over():
     worker = make_worker(Role.MULTIPLEX, RULES)
     carried, queued = make_request(0, prompt=3000), [make_request(1, prompt=700), make_request(2, prompt=900)]
     lineup = Lineup.of(worker, queued, [(carried, 1000)], laxity=False)
-    assert [p.tokens for p in lineup.prefixes] == [1000, 1700, 2600]
-    assert lineup.prefixes[2] == Pending.of(worker, queued, [(carried, 1000)])
+    assert [lineup.prefix(n).tokens for n in range(3)] == [1000, 1700, 2600]
+    assert lineup.prefix(2) == Pending.of(worker, queued, [(carried, 1000)])
 
 
 def test_going_ahead_is_refused_only_where_it_costs_a_prompt_its_ttft():

@@ -67,10 +67,11 @@ class Chunk:
 class Lineup:
     """A multiplexing worker's queue as one scheduling round sees it: its prompts in the order
     a new prompt is placed among them (least slack first under laxity, else as queued), the
-    sums of every prefix (after the prompts chunked in the iteration in flight), and, per chunk
-    and start, when each prefix would be done. Every candidate of a round is placed in the
-    same lineup, so these are computed once, not once per candidate. It also keeps, per chunk and
-    start, candidates whose promises it refused (``keeps_promises``)."""
+    sums of its prefixes (after the prompts chunked in the iteration in flight; ``prefix``
+    sums them as far as asked), and, per chunk and start, when each prefix would be done. Every
+    candidate of a round is placed in the same lineup, so these are computed once, not once per
+    candidate. It also keeps, per chunk and start, candidates whose promises it refused
+    (``keeps_promises``)."""
 
     worker: WorkerState
     order: list[Request]
@@ -84,11 +85,16 @@ class Lineup:
     def of(cls, worker: WorkerState, queue: Sequence[Request], carried: Sequence[tuple[Request, int]],
            laxity: bool) -> Lineup:
         order = sorted(queue, key=worker.latest_start) if laxity else list(queue)
-        prefixes = [Pending.of(worker, (), carried)]
-        for req in order:
-            prefixes.append(prefixes[-1].plus(req, worker))
         keys = [worker.latest_start(req) for req in order] if laxity else []
-        return Lineup(worker, order, keys, prefixes, laxity)
+        return Lineup(worker, order, keys, [Pending.of(worker, (), carried)], laxity)
+
+    def prefix(self, count: int) -> Pending:
+        """The sums of the first ``count`` prompts of the lineup (after those carried), summed
+        as far as asked: most candidates are only priced behind the few prompts ahead of them."""
+        prefixes = self.prefixes
+        while len(prefixes) <= count:
+            prefixes.append(prefixes[-1].plus(self.order[len(prefixes) - 1], self.worker))
+        return prefixes[count]
 
     def place(self, req: Request) -> int:
         """How many prompts of the lineup ``req`` waits for: all under arrival order; under
@@ -112,11 +118,12 @@ class Lineup:
             other = self.order[j]
             deadline = other.arrival + other.slo.ttft
             alone = done[j + 1]
+            prefix = self.prefix(j + 1)
             if alone is None:
-                alone = done[j + 1] = chunk.finish(self.worker, self.prefixes[j + 1], start)
+                alone = done[j + 1] = chunk.finish(self.worker, prefix, start)
             if deadline < alone:
                 continue
-            if chunk.finish(self.worker, self.prefixes[j + 1].merged(own), start) > deadline:
+            if chunk.finish(self.worker, prefix.merged(own), start) > deadline:
                 self._refuse(chunk, start, own, ahead)
                 return False
         return True
@@ -143,7 +150,7 @@ class Lineup:
         ``start``, by ``count``: filled in as candidates ask (None: not priced yet)."""
         done = self._done.get((chunk, start))
         if done is None:
-            done = self._done[(chunk, start)] = [None] * len(self.prefixes)
+            done = self._done[(chunk, start)] = [None] * (len(self.order) + 1)
         return done
 
 

@@ -369,7 +369,7 @@ class TropicalPolicy(Policy):
         ahead = lineup.place(req)
         if lineup.refused(chunk, nxt.start, own, ahead):
             return math.inf
-        return chunk.finish(worker, lineup.prefixes[ahead].merged(own), nxt.start)
+        return chunk.finish(worker, lineup.prefix(ahead).merged(own), nxt.start)
 
     def _refuses_alone(self, worker: WorkerState, own: Pending) -> bool:
         """Would ``worker`` refuse a prompt with sums ``own`` even were nothing else queued
@@ -501,7 +501,7 @@ class TropicalPolicy(Policy):
         ahead = lineup.place(req)
         if not lineup.keeps_promises(chunk, nxt.start, own, ahead):
             return None
-        return chunk.finish(worker, lineup.prefixes[ahead].merged(own), nxt.start)
+        return chunk.finish(worker, lineup.prefix(ahead).merged(own), nxt.start)
 
     def _banked_finish(self, req: Request, worker: WorkerState, nxt: NextIteration,
                        limit: float, own: Pending, now: float) -> float | None:

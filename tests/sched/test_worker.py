@@ -1,6 +1,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.factories import make_request, make_worker, migrate_in, start_decoding
 from tropical.sched.rules import Role
@@ -321,3 +323,46 @@ def test_a_request_catching_up_is_forgotten_when_it_leaves(leaves):
     else:
         worker.abort(req)
     assert not worker.catching_up
+
+
+def _scanned_slot(worker, req) -> int:
+    """Where laxity order puts ``req``, read from the back one prompt at a time."""
+    key, slot = worker.latest_start(req), len(worker.waiting)
+    for queued in reversed(worker.waiting):
+        if slot <= worker.batch_prefills or worker.latest_start(queued) <= key:
+            break
+        slot -= 1
+    return slot
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["queue", "yield", "abort", "start", "finish"]),
+                          st.integers(0, 50), st.floats(0.05, 20.0)), max_size=60))
+def test_the_count_of_prompts_that_yielded_at_the_back_never_overcounts(steps):
+    from tropical.core.request import PrefillPath
+    from tropical.sched.policy import Assignment, apply
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True))
+    for n, (op, pick, ttft) in enumerate(steps):
+        queued = list(worker.waiting)
+        if op == "queue":
+            req = make_request(1000 + n, arrival=0.01 * n, ttft=ttft)
+            assert worker._laxity_slot(req) == _scanned_slot(worker, req)
+            worker.enqueue(req)
+        elif op == "yield" and queued:
+            req = queued[pick % len(queued)]
+            apply(Assignment(req, 0, PrefillPath.FALLBACK, "out of reach", 0, yields=True), [worker])
+        elif op == "abort" and queued:
+            worker.abort(queued[pick % len(queued)])
+        elif op == "start" and len(queued) > worker.batch_prefills:
+            head = queued[worker.batch_prefills]
+            worker.start_prefills([*((r, r.remaining_prompt) for r in queued[:worker.batch_prefills]),
+                                   (head, head.remaining_prompt)])
+        elif op == "finish" and worker.batch_prefills:
+            done = queued[pick % worker.batch_prefills]
+            worker.reserve(done)
+            worker.complete_prefill(done, done.remaining_prompt, now=1.0)
+        tail = worker._yielded_tail
+        assert 0 <= tail <= len(worker.waiting)
+        assert all(r.yielded for r in list(worker.waiting)[len(worker.waiting) - tail:])

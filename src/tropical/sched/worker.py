@@ -36,7 +36,8 @@ class WorkerState:
 
     ``waiting`` changes only through these methods, which count their edits (``queued_costs``
     keeps its prices until the next one; ``waiting_tokens`` sums their unfinished tokens and
-    ``waiting_prompt`` their prompt tokens still to compute). ``decode_context`` and
+    ``waiting_prompt`` their prompt tokens still to compute; the last ``_yielded_tail`` of them
+    yielded, and perhaps a few more before those). ``decode_context`` and
     ``decode_peak`` sum the running requests' contexts now and at their longest (``kv_tokens``).
     ``last_chunk`` is the chunk batch formation last cut here: where its next search starts
     (consecutive chunks of a prompt differ by a few tokens). ``catching_up`` holds the requests
@@ -77,6 +78,7 @@ class WorkerState:
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
     _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
     _queue_edits: int = 0
+    _yielded_tail: int = 0
     _incoming_tokens: int = 0
     _min_tpot: tuple[int, float] = (-1, math.inf)
     _batch_edits: int = 0
@@ -412,6 +414,7 @@ class WorkerState:
         if self.kv.cache is not None and req.prefix:
             req.cached = req.computed = self.hit(req)
         slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
+        self._tail_inserted(slot, req)
         self.waiting.insert(slot, req)
         self._queue_edited(slot)
         self._add_queued_work(req, 1)
@@ -428,14 +431,35 @@ class WorkerState:
     def _laxity_slot(self, req: Request) -> int:
         """Where ``req`` goes among the queued prompts (never ahead of the batch in flight):
         after every prompt with less or equal slack. New prompts mostly have the most slack, so
-        the scan from the back passes few but those that yielded (at the back: they have none)."""
+        the scan from the back passes few but those that yielded (at the back: they have none),
+        which it steps over unread."""
         key = self.latest_start(req)
-        slot = len(self.waiting)
-        for queued in reversed(self.waiting):  # not waiting[slot - 1]: indexing a deque walks it
+        slot = len(self.waiting) if key == math.inf else max(self.batch_prefills,
+                                                              len(self.waiting) - self._yielded_tail)
+        # not waiting[slot - 1]: indexing a deque walks it
+        for queued in islice(reversed(self.waiting), len(self.waiting) - slot, None):
             if slot <= self.batch_prefills or self.latest_start(queued) <= key:
                 break
             slot -= 1
         return slot
+
+    def _tail_inserted(self, slot: int, req: Request) -> None:
+        """Keep ``_yielded_tail`` through ``req``'s insertion at ``slot`` (about to happen): a
+        prompt with any slack goes ahead of every one that yielded, and the scan for its place
+        steps over them unread (under overload a prefill queue holds hundreds)."""
+        tail_from = len(self.waiting) - self._yielded_tail
+        if slot < tail_from:
+            return
+        self._yielded_tail = self._yielded_tail + 1 if req.yielded else len(self.waiting) - slot
+
+    def _tail_removed(self, req: Request, slot: int | None) -> None:
+        """Keep ``_yielded_tail`` through ``req``'s removal from ``slot`` (None: not known, and
+        one that yielded is counted out of the tail, where it may have been)."""
+        if slot is None:
+            if req.yielded:
+                self._yielded_tail = max(0, self._yielded_tail - 1)
+        elif slot >= len(self.waiting) - self._yielded_tail:
+            self._yielded_tail -= 1
 
     @property
     def learns(self) -> bool:
@@ -565,6 +589,7 @@ class WorkerState:
             self._queue_edits += 1                     # the rest of it is queued again
             self._add_queued_work(req, 1)
             return False
+        self._tail_removed(req, None)
         self.waiting.remove(req)
         self._queue_edits += not in_flight          # from the batch in flight: the queued stay as they were
         self._costs.pop(req.id, None)
@@ -591,6 +616,7 @@ class WorkerState:
             self.inbox.remove(req)
         if req in self.waiting:
             slot = self.waiting.index(req)
+            self._tail_removed(req, slot)
             self._queue_edited(slot)
             if slot >= self.batch_prefills:
                 self._add_queued_work(req, -1)

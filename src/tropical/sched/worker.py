@@ -432,14 +432,11 @@ class WorkerState:
         """Where ``req`` goes among the queued prompts (never ahead of the batch in flight):
         after every prompt with less or equal slack. New prompts mostly have the most slack, so
         the scan from the back passes few but those that yielded (at the back: they have none),
-        which it steps over unread."""
-        key = self.latest_start(req)
-        slot = len(self.waiting) if key == math.inf else max(self.batch_prefills,
-                                                              len(self.waiting) - self._yielded_tail)
-        # not waiting[slot - 1]: indexing a deque walks it
-        for queued in islice(reversed(self.waiting), len(self.waiting) - slot, None):
-            if slot <= self.batch_prefills or self.latest_start(queued) <= key:
-                break
+        which it steps over unread. (Indexing a deque walks its blocks of 64 from the nearer
+        end: near the back, where the scan stops, that is a few steps.)"""
+        key, waiting, floor = self.latest_start(req), self.waiting, self.batch_prefills
+        slot = len(waiting) if key == math.inf else max(floor, len(waiting) - self._yielded_tail)
+        while slot > floor and self.latest_start(waiting[slot - 1]) > key:
             slot -= 1
         return slot
 

@@ -249,6 +249,24 @@ def test_min_tpot_follows_the_running_batch_through_joins_finishes_and_aborts():
     assert worker.min_tpot() == 0.2
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["join", "abort", "advance"]), st.integers(0, 30),
+                          st.sampled_from([0.05, 0.1, 0.2]), st.booleans()), max_size=40))
+def test_min_tpot_kept_through_the_batch_changes_is_the_batch_minimum(steps):
+    worker = make_worker()
+    for n, (op, pick, tpot, ask) in enumerate(steps):
+        running = list(worker.running.values())
+        if op == "join":
+            start_decoding(worker, make_request(100 + n, output=2 + pick % 5, tpot=tpot))
+        elif op == "abort" and running:
+            worker.abort(running[pick % len(running)])
+        elif op == "advance" and running:
+            worker.advance_decodes(1, now=float(n))
+        if ask:                                    # asked now and then, as the toggle asks
+            assert worker.min_tpot() == min((r.slo.tpot for r in worker.running.values()),
+                                            default=float("inf"))
+
+
 def test_a_prompt_that_yielded_waits_behind_every_prompt_that_can_still_make_it():
     from tropical.core.request import PrefillPath
     from tropical.sched.policy import Assignment, apply

@@ -201,6 +201,20 @@ class WorkerState:
     def batch_size(self) -> int:
         return len(self.running)
 
+    def _batch_edited(self, req: Request, joined: bool) -> None:
+        """Count a change of the running batch: ``req`` joined it or left it. The tightest TPOT
+        SLO kept for the batch before stands through a join (with ``req``'s own) and through a
+        leave by a request with a looser one: under load a decode batch changes at nearly every
+        iteration, and a pass over it each time cost a fiftieth of a simulation."""
+        edits, tightest = self._min_tpot
+        self._batch_edits += 1
+        if edits != self._batch_edits - 1:
+            return
+        if joined:
+            self._min_tpot = (self._batch_edits, min(tightest, req.slo.tpot))
+        elif req.slo.tpot > tightest:
+            self._min_tpot = (self._batch_edits, tightest)
+
     def min_tpot(self) -> float:
         """The tightest TPOT SLO among the running requests (inf if none); kept until the batch
         changes, since every planned iteration of a decoding worker asks for it."""
@@ -498,7 +512,7 @@ class WorkerState:
         req.step_base = self.steps - req.generated
         req.decode_worker = self.id
         self.running[req.id] = req
-        self._batch_edits += 1
+        self._batch_edited(req, joined=True)
         self._decode_context += req.prompt_len + req.generated
         self.decode_peak += req.kv_tokens
         self._running_remaining += req.output_len - req.generated
@@ -557,7 +571,7 @@ class WorkerState:
             _, _, req = heapq.heappop(self._finishes)
             del self.running[req.id]
             self.catching_up.pop(req.id, None)
-            self._batch_edits += 1
+            self._batch_edited(req, joined=False)
             self._decode_context -= req.prompt_len + req.output_len
             self.decode_peak -= req.kv_tokens
             req.generated = req.output_len
@@ -628,7 +642,7 @@ class WorkerState:
             req.generated = self.generated(req)
             del self.running[req.id]
             self.catching_up.pop(req.id, None)
-            self._batch_edits += 1
+            self._batch_edited(req, joined=False)
             self._decode_context -= req.prompt_len + req.generated
             self.decode_peak -= req.kv_tokens
             self._running_remaining -= req.output_len - req.generated

@@ -162,3 +162,10 @@ def test_the_layer_cache_starts_over_when_full(monkeypatch: pytest.MonkeyPatch) 
     times = [model.iteration_time(BatchShape.prefill(n)) for n in range(1, 12)]
     assert len(model._layer_seconds) <= 4
     assert times == [cold.iteration_time(BatchShape.prefill(n)) for n in range(1, 12)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.floats(1.0, 8.0))
+def test_the_float_roofline_is_the_generic_one_to_the_last_bit(compute, memory, sharpness):
+    assert roofline.soft_roofline_of(compute, memory, sharpness) == roofline.soft_roofline(
+        compute, memory, sharpness)

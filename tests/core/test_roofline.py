@@ -166,6 +166,11 @@ def test_the_layer_cache_starts_over_when_full(monkeypatch: pytest.MonkeyPatch) 
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.floats(1.0, 8.0))
-def test_the_float_roofline_is_the_generic_one_to_the_last_bit(compute, memory, sharpness):
-    assert roofline.soft_roofline_of(compute, memory, sharpness) == roofline.soft_roofline(
-        compute, memory, sharpness)
+def test_the_roofline_of_floats_is_the_power_formula_to_the_last_bit(compute, memory, sharpness):
+    import numpy as np
+
+    expected = (compute**sharpness + memory**sharpness) ** (1.0 / sharpness)
+    assert roofline.soft_roofline_of(compute, memory, sharpness) == expected
+    assert roofline.soft_roofline(compute, memory, sharpness) == expected
+    rows = roofline.soft_roofline(np.array([compute, memory]), np.array([memory, compute]), sharpness)
+    assert rows[0] == pytest.approx(expected)

@@ -68,6 +68,8 @@ class Efficiency:
 def soft_roofline(compute_s: Number, memory_s: Number, sharpness: float) -> Number:
     """p-norm of the two bound times: max() as p grows, smooth across the ridge point (of
     floats, or of numpy rows: calibration evaluates many at once)."""
+    if isinstance(compute_s, float) and isinstance(memory_s, float):
+        return soft_roofline_of(compute_s, memory_s, sharpness)
     return (compute_s**sharpness + memory_s**sharpness) ** (1.0 / sharpness)
 
 

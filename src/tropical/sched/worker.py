@@ -82,7 +82,7 @@ class WorkerState:
     _incoming_tokens: int = 0
     _min_tpot: tuple[int, float] = (-1, math.inf)
     _batch_edits: int = 0
-    _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...], float] = (-1, 0, (), 0.0)
+    _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...], int] = (-1, 0, (), 0)
     host_load_s: float = 0.0
     _loads_taken: int = 0
 
@@ -273,8 +273,8 @@ class WorkerState:
         The toggle scans them at every iteration end, so they are kept until the queue changes."""
         edits, depth, costs, _ = self._priced_queue
         if edits != self._queue_edits or depth != limit:
-            start, cost = self.batch_prefills, self.prefill_cost
-            queued: Iterator[Request] = islice(self.waiting, start, start + limit)
+            first, cost = self.batch_prefills, self.prefill_cost
+            queued: Iterator[Request] = islice(self.waiting, first, first + limit)
             if self.rules.laxity:
                 queued = takewhile(_may_be_late, queued)
             costs = tuple((req, cost(req)) for req in queued)

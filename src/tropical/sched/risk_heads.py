@@ -172,7 +172,7 @@ class KeptAtRisk(Generic[Owner]):
     ascending, owners in ``by_id``) at ``now``, merged directly where at most ``direct`` are.
     (A plain class, as ``AtRisk``.)"""
 
-    __slots__ = ("heads", "late", "by_id", "now", "direct")
+    __slots__ = ("heads", "late", "by_id", "now", "direct", "_queues")
 
     def __init__(self, heads: RiskHeads, late: list[int], by_id: Mapping[int, Owner], now: float,
                  direct: int = DIRECT) -> None:
@@ -181,11 +181,15 @@ class KeptAtRisk(Generic[Owner]):
         self.by_id = by_id
         self.now = now
         self.direct = direct
+        self._queues: list[tuple[Owner, QueueRisk]] | None = None
 
     @property
     def queues(self) -> list[tuple[Owner, QueueRisk]]:
-        """Each queue at risk with its owner, by id (``AtRisk``'s input)."""
-        return [(self.by_id[wid], self.heads.risks[wid]) for wid in self.late]
+        """Each queue at risk with its owner, by id (``AtRisk``'s input; listed once: a round
+        asks for its prompts to save and for its doomed ones)."""
+        if self._queues is None:
+            self._queues = [(self.by_id[wid], self.heads.risks[wid]) for wid in self.late]
+        return self._queues
 
     @property
     def count(self) -> int:

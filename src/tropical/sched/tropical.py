@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 
 from tropical.core.latency.iterations import prefill_time
@@ -642,12 +642,13 @@ class Shortlists:
     load once per decision, as far as any shortlist reads, and each block's holders are ranked
     once: read off that walk if it meets enough of them within as many steps as there are
     holders (a burst of new conversations shares a first block that every worker holds), else
-    by a heap over them."""
+    by a heap over them. (What it keeps is made when first needed: a fleet no larger than a
+    shortlist, as the paper cluster's, needs none, and builds one per decision.)"""
 
     roster: Roster
     _walk: Iterator[WorkerState] | None = None
-    _ranked: list[WorkerState] = field(default_factory=list)
-    _near: dict[int, tuple[set[int], list[WorkerState]]] = field(default_factory=dict)
+    _ranked: list[WorkerState] | None = None
+    _near: dict[int, tuple[set[int], list[WorkerState]]] | None = None
 
     def of(self, req: Request) -> list[WorkerState]:
         multiplex = self.roster.multiplex
@@ -662,20 +663,24 @@ class Shortlists:
     def _first(self, count: int) -> list[WorkerState]:
         """The ``count`` least loaded multiplexing workers, least first (all, if fewer): one walk
         by load per decision, taken as far as asked."""
-        if self._walk is None:
+        if self._walk is None or self._ranked is None:
             self._walk = by_load(self.roster.fleet, _MULTIPLEX, self.roster.multiplex)
-        while len(self._ranked) < count:
+            self._ranked = []
+        ranked = self._ranked
+        while len(ranked) < count:
             worker = next(self._walk, None)
             if worker is None:
                 break
-            self._ranked.append(worker)
-        return self._ranked
+            ranked.append(worker)
+        return ranked
 
     def _nearest(self, holders: set[int]) -> list[WorkerState]:
         """``nearest`` among ``holders`` (the directory's own set of a block's holders, which no
         decision edits: kept by identity, with the set, so that its id is not reused)."""
         if not holders:
             return []
+        if self._near is None:
+            self._near = {}
         kept = self._near.get(id(holders))
         if kept is not None and kept[0] is holders:
             return kept[1]

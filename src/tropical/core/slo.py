@@ -17,14 +17,20 @@ from tropical.core.latency.iterations import decode_time, prefill_time
 from tropical.core.latency.model import LatencyModel
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SLO:
     """One request's targets, in seconds. ``tbt`` bounds every single gap between two tokens
-    (stream attainment); unbounded unless set."""
+    (stream attainment); unbounded unless set. A value: never change one (one per request, so
+    it writes its constructor, which mypyc compiles; see ``BatchShape``)."""
 
     ttft: float
     tpot: float
     tbt: float = math.inf
+
+    def __init__(self, ttft: float, tpot: float, tbt: float = math.inf) -> None:
+        self.ttft = ttft
+        self.tpot = tpot
+        self.tbt = tbt
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,16 @@ from dataclasses import dataclass
 from tropical.core.request import PrefillPath, Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Assignment:
     """Prefill ``request`` on worker ``worker_id``; ``path`` and ``reason`` are recorded on it.
 
     ``from_worker`` names the worker whose queue the request leaves (a reassignment); ``yields``:
     the request gives up its place there for good (see ``Request.yielded``); ``first_token``: when
     the policy predicts its first token on this path, where it predicts one (admission reads it).
+
+    A value: never change one. Not frozen, and it writes its constructor, which mypyc compiles
+    (see ``BatchShape``): the toggle builds one per decision it takes.
     """
 
     request: Request
@@ -27,3 +30,14 @@ class Assignment:
     from_worker: int | None = None
     yields: bool = False
     first_token: float | None = None
+
+    def __init__(self, request: Request, worker_id: int, path: PrefillPath, reason: str,
+                 from_worker: int | None = None, yields: bool = False,
+                 first_token: float | None = None) -> None:
+        self.request = request
+        self.worker_id = worker_id
+        self.path = path
+        self.reason = reason
+        self.from_worker = from_worker
+        self.yields = yields
+        self.first_token = first_token

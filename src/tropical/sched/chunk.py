@@ -22,16 +22,27 @@ from tropical.sched.slack import largest_chunk
 from tropical.sched.worker import WorkerState
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Chunk:
     """One multiplexing iteration at its limit: ``tokens`` fresh prompt tokens beside the
     decodes, its time, the prompt compute it has room for (its time less the decodes'), and
-    the fixed cost of a prompt chunk (a one-token chunk's compute)."""
+    the fixed cost of a prompt chunk (a one-token chunk's compute). A value, hashed as a frozen
+    one would be: never change one (it writes its constructor and hash, as ``BatchShape`` does,
+    so that mypyc compiles them; one is built per worker priced)."""
 
     tokens: int
     iteration: float
     room: float
     overhead: float
+
+    def __init__(self, tokens: int, iteration: float, room: float, overhead: float) -> None:
+        self.tokens = tokens
+        self.iteration = iteration
+        self.room = room
+        self.overhead = overhead
+
+    def __hash__(self) -> int:
+        return hash((self.tokens, self.iteration, self.room, self.overhead))
 
     @classmethod
     def of(cls, worker: WorkerState, decode: BatchShape, limit: float, near: int = 0) -> Chunk:
@@ -71,7 +82,7 @@ class Lineup:
     sums them as far as asked), and, per chunk and start, when each prefix would be done. Every
     candidate of a round is placed in the same lineup, so these are computed once, not once per
     candidate. It also keeps, per chunk and start, candidates whose promises it refused
-    (``keeps_promises``)."""
+    (``keeps_promises``). It writes its constructor, which mypyc compiles (see ``BatchShape``)."""
 
     worker: WorkerState
     order: list[Request]
@@ -80,6 +91,16 @@ class Lineup:
     laxity: bool
     _done: dict[tuple[Chunk, float], list[float | None]] = field(default_factory=dict)
     _refused: dict[tuple[Chunk, float], list[tuple[int, Pending]]] = field(default_factory=dict)
+
+    def __init__(self, worker: WorkerState, order: list[Request], keys: list[float],
+                 prefixes: list[Pending], laxity: bool) -> None:
+        self.worker = worker
+        self.order = order
+        self.keys = keys
+        self.prefixes = prefixes
+        self.laxity = laxity
+        self._done = {}
+        self._refused = {}
 
     @classmethod
     def of(cls, worker: WorkerState, queue: Sequence[Request], carried: Sequence[tuple[Request, int]],

@@ -34,12 +34,20 @@ decision: measured side by side (benchmarks/scale.py), the index's vector calls 
 that pass at 64 and 256 workers and less at 1,024."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Assigned:
-    """The policy placed ``request``'s prefill on ``worker_id`` (its path is on the request)."""
+    """The policy placed ``request``'s prefill on ``worker_id`` (its path is on the request). A
+    value: never change one (one per request; it writes its constructor, see ``BatchShape``)."""
 
     request: Request
     worker_id: int
+
+    def __init__(self, request: Request, worker_id: int) -> None:
+        self.request = request
+        self.worker_id = worker_id
+
+    def __hash__(self) -> int:
+        return hash((self.request, self.worker_id))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,13 @@ KEPT = 1 << 18
 """Prices kept at most: beyond, all are dropped (those of prompts long gone among them)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Price:
     """A price and what it was computed from: the worker (the object, so that a revived worker
     with the same id never matches), its edit count, and the prompt's progress, source worker
-    and whether it yielded (what the price reads of the prompt that can move while it waits)."""
+    and whether it yielded (what the price reads of the prompt that can move while it waits).
+    A value: never change one (one per price kept; it writes its constructor, which mypyc
+    compiles, see ``BatchShape``)."""
 
     worker: WorkerState
     edits: int
@@ -32,6 +34,15 @@ class _Price:
     source: int | None
     yielded: bool
     finish: float | None
+
+    def __init__(self, worker: WorkerState, edits: int, computed: int, source: int | None,
+                 yielded: bool, finish: float | None) -> None:
+        self.worker = worker
+        self.edits = edits
+        self.computed = computed
+        self.source = source
+        self.yielded = yielded
+        self.finish = finish
 
 
 class Path2Prices:

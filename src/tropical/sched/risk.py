@@ -46,7 +46,7 @@ class QueueRisk:
     """One priced queue's at-risk prompts with its worker free from ``start`` (``late``, by
     length then place), the same by place (``in_place``; none is doomed before ``first_doom``),
     and those not doomed at ``since`` (``open``, by length then place; none is doomed before
-    ``open_doom``)."""
+    ``open_doom``). It writes its constructor, which mypyc compiles (see ``BatchShape``)."""
 
     priced: Priced
     start: float
@@ -56,6 +56,18 @@ class QueueRisk:
     first_doom: float
     open_doom: float = math.inf
     since: float = -math.inf
+
+    def __init__(self, priced: Priced, start: float, late: list[Late], in_place: list[Late],
+                 open: list[Late], first_doom: float, open_doom: float = math.inf,
+                 since: float = -math.inf) -> None:
+        self.priced = priced
+        self.start = start
+        self.late = late
+        self.in_place = in_place
+        self.open = open
+        self.first_doom = first_doom
+        self.open_doom = open_doom
+        self.since = since
 
     @classmethod
     def of(cls, priced: Priced, start: float) -> QueueRisk:

@@ -643,12 +643,19 @@ class Shortlists:
     once: read off that walk if it meets enough of them within as many steps as there are
     holders (a burst of new conversations shares a first block that every worker holds), else
     by a heap over them. (What it keeps is made when first needed: a fleet no larger than a
-    shortlist, as the paper cluster's, needs none, and builds one per decision.)"""
+    shortlist, as the paper cluster's, needs none, and builds one per decision: it writes its
+    constructor, which mypyc compiles, see ``BatchShape``.)"""
 
     roster: Roster
     _walk: Iterator[WorkerState] | None = None
     _ranked: list[WorkerState] | None = None
     _near: dict[int, tuple[set[int], list[WorkerState]]] | None = None
+
+    def __init__(self, roster: Roster) -> None:
+        self.roster = roster
+        self._walk = None
+        self._ranked = None
+        self._near = None
 
     def of(self, req: Request) -> list[WorkerState]:
         multiplex = self.roster.multiplex

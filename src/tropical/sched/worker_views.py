@@ -30,7 +30,8 @@ from tropical.sched.worker import WorkerState
 @dataclass(slots=True)
 class WorkerView:
     """One worker as priced from ``round`` on: its next iteration, and (filled in as asked) its
-    queue with this round's promises, their lineup, and the sums of the queue alone."""
+    queue with this round's promises, their lineup, and the sums of the queue alone. It writes
+    its constructor, which mypyc compiles (see ``BatchShape``)."""
 
     worker: WorkerState
     edits: int
@@ -41,6 +42,18 @@ class WorkerView:
     lineup: Lineup | None = None
     queued: Pending | None = None
     promised: bool = False
+
+    def __init__(self, worker: WorkerState, edits: int, until: float, round: int,
+                 next: NextIteration) -> None:
+        self.worker = worker
+        self.edits = edits
+        self.until = until
+        self.round = round
+        self.next = next
+        self.queue = None
+        self.lineup = None
+        self.queued = None
+        self.promised = False
 
     def queue_now(self) -> list[Request]:
         """The prompts queued on the worker and those promised to it in this round."""

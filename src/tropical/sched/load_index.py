@@ -112,7 +112,7 @@ class LoadIndex:
         if lag is None:
             return booked
         batch, busy = (self.batch, self.busy_until) if whole else (self.batch[ids], self.busy_until[ids])
-        behind = np.flatnonzero((busy <= lag.now) & (batch > 0))
+        behind = ((busy <= lag.now) & (batch > 0)).nonzero()[0]
         if not len(behind):
             return booked
         at = ids[behind]
@@ -190,11 +190,16 @@ def _rest(values: np.ndarray, ids: np.ndarray, first: np.ndarray) -> Iterator[Ra
 
 
 def _by_key(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
-    """``ascending`` over keys of value × len(ids) + place in ``ids``."""
+    """``ascending`` over keys of value × len(ids) + place in ``ids`` (an array of the caller's
+    own, sorted in place: numpy's ``sort`` and ``partition`` functions are Python wrappers around
+    the array methods, which cost less per decision)."""
     if len(keys) <= FIRST:
-        return _keyed(np.sort(keys), ids)
-    keys = np.partition(keys, FIRST - 1)
-    return chain(_keyed(np.sort(keys[:FIRST]), ids), _keyed_rest(keys[FIRST:], ids))
+        keys.sort()
+        return _keyed(keys, ids)
+    keys.partition(FIRST - 1)
+    first = keys[:FIRST]
+    first.sort()
+    return chain(_keyed(first, ids), _keyed_rest(keys[FIRST:], ids))
 
 
 def _keyed(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
@@ -202,8 +207,10 @@ def _keyed(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
 
 
 def _keyed_rest(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
-    """The keys past the first ``FIRST``, in order (sorted only when a walk reaches them)."""
-    yield from _keyed(np.sort(keys), ids)
+    """The keys past the first ``FIRST``, in order (sorted, in place, only when a walk reaches
+    them)."""
+    keys.sort()
+    yield from _keyed(keys, ids)
 
 
 def fleet_index(workers: Sequence[WorkerState]) -> LoadIndex | None:

@@ -236,7 +236,8 @@ class NewTokenFloors:
         once per level), filled a level at a time (no look at each worker in Python: the first
         blocks of a conversation are held by every worker)."""
         value: Callable[[int], float] = int if price is None else price
-        floors = np.full(size, value(self.rest), np.int64 if price is None else float)
+        floors = np.empty(size, np.int64 if price is None else float)
+        floors.fill(value(self.rest))     # np.full is a Python wrapper around these two
         for depth, held in self.levels:
             floors[np.fromiter(held, np.int64, len(held))] = value(self.floor(depth))
         return floors

@@ -14,6 +14,7 @@ from tropical.bench.config import add_bench_options
 from tropical.config import PRESETS, SimConfig, read_config_file
 from tropical.report.tables import capacity_table, render, summary_table
 from tropical.sched.slack import SlackRule
+from tropical.sched.tropical import SHORTLIST
 from tropical.workload.flags import WORKLOAD_HELP
 from tropical.workload.trace import Trace
 
@@ -65,6 +66,9 @@ POLICY_HELP = {
     "spare_finishing": "true: a multiplexing worker's iteration that finishes a prompt takes no "
                        "chunk of a later prompt that would make the finished one miss its TTFT "
                        "SLO (default: true for tropical+, false for tropical)",
+    "shortlist": f"multiplexing workers Path 2 prices per request where there are more (the least "
+                 f"loaded of those holding the prompt's prefix, then the least loaded; tropical; "
+                 f"default {SHORTLIST})",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
     "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "

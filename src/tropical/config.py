@@ -22,7 +22,7 @@ from tropical.sched.kv_router import OVERLAP_WEIGHT
 from tropical.sched.registry import PolicyParams
 from tropical.sched.rejection import AdmissionMode
 from tropical.sched.slack import SlackRule
-from tropical.sched.tropical import ToggleParams
+from tropical.sched.tropical import SHORTLIST, ToggleParams
 
 Named = TypeVar("Named", bound=Enum)
 
@@ -59,6 +59,7 @@ class PolicyConfig:
     burst_multiplex: bool = False
     prefill_batch_tokens: int | None = None
     spare_finishing: bool | None = None
+    shortlist: int = SHORTLIST
     kv_overlap_weight: float = OVERLAP_WEIGHT
     admission: str = "none"
 
@@ -72,7 +73,7 @@ class PolicyConfig:
                               least_loaded=self.least_loaded, correct=self.correct_predictions,
                               flex=self.roles_both_ways, burst=self.burst_multiplex,
                               prefill_budget=self.prefill_batch_tokens,
-                              spare_finishing=self.spare_finishing)
+                              spare_finishing=self.spare_finishing, shortlist=self.shortlist)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
                             self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 

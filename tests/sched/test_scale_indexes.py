@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ from tropical.sched.load_index import LoadIndex
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rules import Role
-from tropical.sched.tropical import SHORTLIST, Roster, Shortlists
+from tropical.sched.tropical import SHORTLIST, Roster, Shortlists, ToggleParams
 from tropical.sched.worker import WorkerState
 
 LABELS = ["a", "ab", "abc", "b", "bc", "c"]
@@ -201,6 +202,35 @@ def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_
     assert all(w in picked for w in least)
     LoadIndex.over(workers)
     assert Shortlists(Roster.of(workers)).of(req) == picked
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.sampled_from([2, 4, 6, 16]), indexed=st.booleans())
+def test_a_shortlist_of_any_size_is_its_half_of_holders_then_the_least_loaded(seed: int, size: int,
+                                                                              indexed: bool):
+    """``--shortlist`` sets how many multiplexing workers Path 2 prices: half of them the least
+    loaded holders of the prompt's prefix, the rest the least loaded of the others."""
+    workers = loaded_fleet(seed, 40)
+    rng = random.Random(seed)
+    for w in workers:
+        if rng.random() < 0.3:
+            history = prefixed(50_000 + w.id, keys("z", BLOCK), BLOCK)
+            w.enqueue(history)
+            if w.reserve(history):
+                w.complete_prefill(history, history.remaining_prompt, now=0.0)
+    if indexed:
+        LoadIndex.over(workers)
+    req = prefixed(99_000, keys("z", 3 * BLOCK), 3 * BLOCK)
+    order = sorted((w for w in workers if w.alive), key=lambda w: (w.unfinished_tokens, w.id))
+    holders = workers[0].kv.cache.directory.deepest_holders(req)
+    near = [w for w in order if w.id in holders][:size // 2]
+    rest = [w for w in order if w not in near][:size - len(near)]
+    assert Shortlists(Roster.of(workers), size).of(req) == near + rest
+
+
+def test_a_shortlist_shorter_than_two_workers_is_refused():
+    with pytest.raises(ValueError, match="shortlist must be at least 2 workers, got 1"):
+        ToggleParams(shortlist=1)
 
 
 @settings(max_examples=40, deadline=None)

@@ -52,6 +52,14 @@ from tropical.sched.slack import Decoding, SlackRule
 from tropical.sched.worker import WorkerState
 from tropical.sched.worker_views import WorkerViews
 
+SHORTLIST = 8
+"""Multiplexing workers Path 2 prices per request: all of them up to this many; beyond, the
+ones with the least work once they took it (their prefix cache's hit counted), so that a
+decision costs the same at a thousand workers as at a few (pricing a worker plans its next
+iteration: the scan the toggle cannot afford per worker at scale). Eight rather than sixteen:
+``benchmarks/shortlist.py`` sets the two side by side (decision times under a burst,
+attainment near capacity at 64 to 1,024 workers; docs/scaling.md)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToggleParams:
@@ -80,7 +88,8 @@ class ToggleParams:
     iteration that finishes a prompt leaves out a later prompt's chunk that would make the
     finished one miss its TTFT SLO (``spare_finishing``; None: the policy's default, on for
     ``tropical+``; Path 2's finish is priced so, each prompt's last iteration only as long as
-    its own work, see ``Chunk.finish``)."""
+    its own work, see ``Chunk.finish``), and how many multiplexing workers Path 2 prices per
+    request in a fleet with more of them (``shortlist``, see ``SHORTLIST``)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -96,8 +105,11 @@ class ToggleParams:
     burst: bool = False
     prefill_budget: int | None = None
     spare_finishing: bool | None = None
+    shortlist: int = SHORTLIST
 
     def __post_init__(self) -> None:
+        if self.shortlist < 2:
+            raise ValueError(f"shortlist must be at least 2 workers, got {self.shortlist}")
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"prefill_budget must be at least 1 token, got {self.prefill_budget}")
         if not 0 <= self.watermark <= 1:
@@ -143,11 +155,6 @@ FLOORS_FROM = 2
 (``path2_floors``). On the conversation trace the floors spared 2% of the looks at the paper
 cluster's two multiplexing workers (not worth pricing them), 31% at four, 57% at eight and 75%
 at a shortlist of sixteen."""
-SHORTLIST = 16
-"""Multiplexing workers Path 2 prices per request: all of them up to this many; beyond, the
-ones with the least work once they took it (their prefix cache's hit counted), so that a
-decision costs the same at a thousand workers as at sixteen (pricing a worker plans its next
-iteration: the scan the toggle cannot afford per worker at scale)."""
 
 
 class TropicalPolicy(Policy):
@@ -241,7 +248,8 @@ class TropicalPolicy(Policy):
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
                                first_token=finish)]
-        option = self._best_option(req, Shortlists(self._kept).of(req), {}, now, finish)
+        shortlist = Shortlists(self._kept, self.toggle.shortlist).of(req)
+        option = self._best_option(req, shortlist, {}, now, finish)
         if option is not None and self._worth(req, option[0], finish):
             done, _, target = option
             return [self._multiplexed(req, target, finish, done)]
@@ -289,7 +297,7 @@ class TropicalPolicy(Policy):
                            multiplex: list[WorkerState], now: float) -> list[Assignment]:
         plans: dict[int, Pending] = {}
         moves = []
-        shortlists = Shortlists(self._kept)
+        shortlists = Shortlists(self._kept, self.toggle.shortlist)
         for req, source, finish in at_risk:
             option = self._best_option(req, shortlists.of(req), plans, now,
                                        finish if self.toggle.demote_doomed else None)
@@ -635,38 +643,40 @@ def finish_floors(req: Request, prefill: list[WorkerState], now: float) -> Calla
 
 @dataclass(slots=True)
 class Shortlists:
-    """The multiplexing workers Path 2 prices for each prompt of one decision (see
-    ``SHORTLIST``): the least loaded of those holding the deepest block of its prefix that any
-    holds (where a follow-up turn finds its history; they would find about the same hit), and
-    the least loaded. Loads stand through a decision, so the multiplexing workers are walked by
-    load once per decision, as far as any shortlist reads, and each block's holders are ranked
-    once: read off that walk if it meets enough of them within as many steps as there are
-    holders (a burst of new conversations shares a first block that every worker holds) and
-    within a shortlist's length, else by a heap over them.
-    (What it keeps is made when first needed: a fleet no larger than a shortlist, as the paper
-    cluster's, needs none, and builds one per decision: it writes its constructor, which mypyc
-    compiles, see ``BatchShape``.)"""
+    """The multiplexing workers Path 2 prices for each prompt of one decision (see ``size``,
+    ``SHORTLIST`` by default): the least loaded of those holding the deepest block of its prefix
+    that any holds (where a follow-up turn finds its history; they would find about the same
+    hit), and the least loaded. Loads stand through a decision, so the multiplexing workers are
+    walked by load once per decision, as far as any shortlist reads, and each block's holders
+    are ranked once: read off that walk if it meets enough of them within as many steps as there
+    are holders (a burst of new conversations shares a first block that every worker holds) and
+    within a shortlist's length, else by a heap over them. (What it keeps is made when first
+    needed: a fleet no larger than a shortlist, as the paper cluster's, needs none, and builds
+    one per decision: it writes its constructor, which mypyc compiles, see ``BatchShape``.)"""
 
     roster: Roster
+    size: int = SHORTLIST
     _walk: Iterator[WorkerState] | None = None
     _ranked: list[WorkerState] | None = None
     _near: dict[int, tuple[set[int], list[WorkerState]]] | None = None
 
-    def __init__(self, roster: Roster) -> None:
+    def __init__(self, roster: Roster, size: int = SHORTLIST) -> None:
         self.roster = roster
+        self.size = size
         self._walk = None
         self._ranked = None
         self._near = None
 
     def of(self, req: Request) -> list[WorkerState]:
         multiplex = self.roster.multiplex
-        if len(multiplex) <= SHORTLIST:
+        size = self.size
+        if len(multiplex) <= size:
             return multiplex
         cache = multiplex[0].kv.cache
         directory = cache.directory if cache is not None else None
         near = self._nearest(directory.deepest_holders(req)) if directory is not None else []
         taken = {w.id for w in near}
-        return near + [w for w in self._first(SHORTLIST) if w.id not in taken][:SHORTLIST - len(near)]
+        return near + [w for w in self._first(size) if w.id not in taken][:size - len(near)]
 
     def _first(self, count: int) -> list[WorkerState]:
         """The ``count`` least loaded multiplexing workers, least first (all, if fewer): one walk
@@ -694,30 +704,29 @@ class Shortlists:
             return kept[1]
         near = self._walked(holders)
         if near is None:
-            near = nearest(holders & self.roster.multiplex_ids, self.roster.fleet)
+            near = nearest(holders & self.roster.multiplex_ids, self.roster.fleet, self.size // 2)
         self._near[id(holders)] = (holders, near)
         return near
 
     def _walked(self, holders: set[int]) -> list[WorkerState] | None:
         """``nearest`` among ``holders`` read off the walk by load, or None if the first
-        ``len(holders)`` workers it reaches, or the first ``SHORTLIST`` (what the least loaded
+        ``len(holders)`` workers it reaches, or the first ``size`` (what the least loaded
         part of a shortlist reads anyway), hold fewer than half a shortlist of them (and it goes
-        on). Under a burst at 1,024 workers every walk that took more steps than that was over
-        at most 256 holders, and those that took more than ``FIRST`` made the index sort every
-        other worker (``ascending``): there a heap over the holders costs less (decision P99
-        down 5%, ``benchmarks/burst_decisions.py``), and it ranks them the same."""
+        on): past that a heap over the holders ranks them the same, and under a burst at 1,024
+        workers it costs less than the deeper walks, which made the index sort every other worker
+        (``ascending``; docs/scaling.md)."""
         found: list[WorkerState] = []
-        for place in range(min(len(holders), SHORTLIST)):
+        for place in range(min(len(holders), self.size)):
             ranked = self._first(place + 1)
             if place == len(ranked):
                 return found
             if ranked[place].id in holders:
                 found.append(ranked[place])
-                if len(found) == SHORTLIST // 2:
+                if len(found) == self.size // 2:
                     return found
         return None
 
 
-def nearest(holders: set[int], workers: Sequence[WorkerState]) -> list[WorkerState]:
-    """The least loaded of ``holders`` (live multiplexing workers), at most half a shortlist."""
-    return list(islice(least_loaded_first(workers[wid] for wid in holders), SHORTLIST // 2))
+def nearest(holders: set[int], workers: Sequence[WorkerState], count: int) -> list[WorkerState]:
+    """The ``count`` least loaded of ``holders`` (live multiplexing workers; fewer if fewer)."""
+    return list(islice(least_loaded_first(workers[wid] for wid in holders), count))

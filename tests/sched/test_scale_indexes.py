@@ -204,22 +204,29 @@ def test_the_shortlist_is_everyone_up_to_its_size_then_the_least_loaded_and_the_
     assert Shortlists(Roster.of(workers)).of(req) == picked
 
 
-@settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 10_000), size=st.sampled_from([2, 4, 6, 16]), indexed=st.booleans())
-def test_a_shortlist_of_any_size_is_its_half_of_holders_then_the_least_loaded(seed: int, size: int,
-                                                                              indexed: bool):
-    """``--shortlist`` sets how many multiplexing workers Path 2 prices: half of them the least
-    loaded holders of the prompt's prefix, the rest the least loaded of the others."""
-    workers = loaded_fleet(seed, 40)
+def sharing_fleet(seed: int, n: int, shared: float, indexed: bool) -> list[WorkerState]:
+    """``loaded_fleet`` with a ``shared`` part of it holding the prefix ``z`` (a first block every
+    conversation has), indexed or not."""
+    workers = loaded_fleet(seed, n)
     rng = random.Random(seed)
     for w in workers:
-        if rng.random() < 0.3:
+        if rng.random() < shared:
             history = prefixed(50_000 + w.id, keys("z", BLOCK), BLOCK)
             w.enqueue(history)
             if w.reserve(history):
                 w.complete_prefill(history, history.remaining_prompt, now=0.0)
     if indexed:
         LoadIndex.over(workers)
+    return workers
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.sampled_from([2, 4, 6, 16]), indexed=st.booleans())
+def test_a_shortlist_of_any_size_is_its_half_of_holders_then_the_least_loaded(seed: int, size: int,
+                                                                              indexed: bool):
+    """``--shortlist`` sets how many multiplexing workers Path 2 prices: half of them the least
+    loaded holders of the prompt's prefix, the rest the least loaded of the others."""
+    workers = sharing_fleet(seed, 40, 0.3, indexed)
     req = prefixed(99_000, keys("z", 3 * BLOCK), 3 * BLOCK)
     order = sorted((w for w in workers if w.alive), key=lambda w: (w.unfinished_tokens, w.id))
     holders = workers[0].kv.cache.directory.deepest_holders(req)
@@ -241,16 +248,7 @@ def test_every_shortlist_of_a_decision_is_the_least_loaded_holders_then_the_leas
     """One walk by load serves every prompt of a decision, holders read off it or (when it meets
     too few of them) found by a heap: either way, what sorting every worker would pick. A
     ``shared`` part of the fleet holds the prefix ``z`` (a first block every conversation has)."""
-    workers = loaded_fleet(seed, n)
-    rng = random.Random(seed)
-    for w in workers:
-        if rng.random() < shared:
-            history = prefixed(50_000 + w.id, keys("z", BLOCK), BLOCK)
-            w.enqueue(history)
-            if w.reserve(history):
-                w.complete_prefill(history, history.remaining_prompt, now=0.0)
-    if indexed:
-        LoadIndex.over(workers)
+    workers = sharing_fleet(seed, n, shared, indexed)
     shortlists = Shortlists(Roster.of(workers))
     live = [w for w in workers if w.alive]
     order = sorted(live, key=lambda w: (w.unfinished_tokens, w.id))

@@ -20,8 +20,9 @@ from tropical.core.latency.model import LatencyModel
 @dataclass(slots=True)
 class SLO:
     """One request's targets, in seconds. ``tbt`` bounds every single gap between two tokens
-    (stream attainment); unbounded unless set. A value: never change one (one per request, so
-    it writes its constructor, which mypyc compiles; see ``BatchShape``)."""
+    (stream attainment); unbounded unless set. A value, hashed as a frozen one would be: never
+    change one (one per request, so it writes its constructor, which mypyc compiles; see
+    ``BatchShape``)."""
 
     ttft: float
     tpot: float
@@ -31,6 +32,9 @@ class SLO:
         self.ttft = ttft
         self.tpot = tpot
         self.tbt = tbt
+
+    def __hash__(self) -> int:
+        return hash((self.ttft, self.tpot, self.tbt))
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,25 @@ def test_a_compiled_sweep_sends_its_experiments_to_other_processes(native_env):
     assert compiled == plain
 
 
+WHOLE_RESULT = """
+import json, pickle
+from tropical.config import SimConfig
+from tropical.native import running
+from tropical.sim.build import experiment
+from tropical.sim.run import simulate
+run = simulate(experiment(SimConfig(limit=50).with_preset()).with_policy("tropical+"))
+back = pickle.loads(pickle.dumps(run))
+seen = lambda result: [(r.id, r.slo.ttft, r.slo.tpot, r.first_token) for r in result.requests]
+print(json.dumps({"running": running(), "same": seen(back) == seen(run)}))
+"""
+
+
+def test_a_compiled_result_crosses_processes_whole(native_env):
+    """``tropical reproduce`` sends whole results, requests and their SLOs, between processes."""
+    assert json.loads(_run([sys.executable, "-c", WHOLE_RESULT], native_env)) == {"running": True,
+                                                                                  "same": True}
+
+
 def test_a_build_that_does_not_load_falls_back_to_the_plain_sources(tmp_path):
     broken = tmp_path / native.source_key() / "tropical"
     broken.mkdir(parents=True)

@@ -157,11 +157,12 @@ def _module_name(path: str) -> str:
 def _picklable(module: Any) -> None:
     """Compiled dataclasses cross processes (a sweep's, Ray's), but pickle's restore cannot
     set the attributes of frozen ones: register a reducer that sets every native attribute
-    directly. (Other compiled classes that cross processes define ``__reduce__``: their
-    ``__new__`` runs ``__init__``.)"""
+    directly. (Compiled classes whose constructor is written, not generated, run it in their
+    ``__new__``: those that cross processes define ``__reduce__``, and keep it.)"""
     for value in vars(module).values():
         if (isinstance(value, type) and value.__module__ == module.__name__
-                and hasattr(value, "__mypyc_attrs__") and dataclasses.is_dataclass(value)):
+                and hasattr(value, "__mypyc_attrs__") and dataclasses.is_dataclass(value)
+                and "__reduce__" not in vars(value)):
             copyreg.pickle(value, _reduce)
 
 

@@ -36,6 +36,11 @@ class SLO:
     def __hash__(self) -> int:
         return hash((self.ttft, self.tpot, self.tbt))
 
+    def __reduce__(self) -> tuple[type[SLO], tuple[float, float, float]]:
+        """Rebuilt from its targets: compiled, its written constructor runs on every restore,
+        so pickle's default (a bare object, then its attributes) cannot make one."""
+        return SLO, (self.ttft, self.tpot, self.tbt)
+
 
 @dataclass(frozen=True, slots=True)
 class SLOSpec:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tropical import native
 from tropical.config import SimConfig
@@ -51,9 +51,10 @@ class Cell:
 
 def run(cell: Cell, policy: str, size: int) -> dict:
     """One simulation of ``cell`` with shortlists of ``size``."""
-    cfg = replace(SimConfig().with_preset(), policy=policy, trace=cell.trace, workers=cell.workers,
-                  arrivals="poisson", rate=cell.rate, limit=cell.limit, shortlist=size)
-    result = simulate(experiment(cfg).with_policy(policy))
+    cfg = SimConfig().with_preset().updated(
+        {"policy": policy, "trace": cell.trace, "workers": cell.workers, "arrivals": "poisson",
+         "rate": cell.rate, "limit": cell.limit, "shortlist": size}, "benchmarks/shortlist.py")
+    result = simulate(experiment(cfg))
     p50, p99 = result.decision_us
     return {"attainment": result.summary.attainment, "prefix_hit_rate": result.summary.prefix_hit_rate,
             "decision_p50_us": p50, "decision_p99_us": p99, "wall_s": result.sim_wall_s}

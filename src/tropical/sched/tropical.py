@@ -577,7 +577,10 @@ class TropicalPolicy(Policy):
         """Fewest unfinished tokens among the workers whose planned next iteration also keeps the
         arriving request's own TPOT budget; any worker with room when none does. Under chunked
         multiplexing the request rather waits (None) while some worker decodes, so that no
-        decode iteration outgrows a TPOT SLO it promised."""
+        decode iteration outgrows a TPOT SLO it promised. A round of its own: each candidate's
+        next iteration is read from its view (``WorkerViews``), which the round that the
+        migrating worker's iteration end starts next carries where the worker has not moved."""
+        self._views.new_round()
         chosen = first_fitting(by_load(workers, _MULTIPLEX, self._split(workers)[1]),
                                lambda w: has_room(req, w) and w.id not in self._roles.returning
                                and self._joins_in_time(req, w, now))
@@ -588,7 +591,7 @@ class TropicalPolicy(Policy):
         return decode_destination(req, workers)
 
     def _joins_in_time(self, req: Request, worker: WorkerState, now: float) -> bool:
-        nxt = NextIteration.of(worker, now)
+        nxt = self._next_of(worker, now)
         if self.toggle.chunked:
             limit = min(nxt.min_tpot, req.slo.tpot)
             return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)

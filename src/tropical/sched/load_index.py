@@ -26,6 +26,8 @@ from tropical.sched.worker import WorkerState
 Ranked = tuple[float | int, int]
 """A live worker's bound and id (a load floor is a whole number of tokens, a time is not)."""
 ROLES = tuple(Role)
+UNPACED = 1 << 40
+"""``lead`` of a worker with no pace known: nothing caps the iterations its run has gone."""
 FIRST = 32
 """Workers a walk sorts at first, with any that tie the last of them: most walks stop within
 them (the rest are sorted if not; ids ascend, so a stable sort breaks ties by id)."""
@@ -39,10 +41,13 @@ def _column(size: int, kind: type = np.int64) -> np.ndarray:
 class LoadIndex:
     """The fleet (``workers``, by id), the workers marked since the last walk, and per worker
     its load as booked, its lazily booked batch (0: none), the iterations to its next finish,
-    when its iteration ends, the least an iteration takes, its queued prefill work, the prompt
-    tokens queued there, its decode contexts as booked, its KV block size, its role (an index
-    into ``ROLES``) and whether it is live; the live workers of each set of roles walked
-    (``members``); and memory views of the columns, through which re-filing writes (``views``)."""
+    when its iteration ends, the least an iteration takes (``pace``; 1.0 where none is known)
+    and how many iterations a run has gone at most when that one ends (``lead``: 2, or
+    ``UNPACED``), its queued prefill work, the prompt tokens queued there, its decode contexts
+    as booked, its KV block size, its role (an index into ``ROLES``), whether it is live, and
+    its load floor at ``floors_at`` (None: not taken since the clock moved); the live workers of
+    each set of roles walked (``members``); and memory views of the columns, through which
+    re-filing writes (``views``)."""
 
     workers: Sequence[WorkerState]
     booked: np.ndarray
@@ -50,12 +55,15 @@ class LoadIndex:
     to_finish: np.ndarray
     busy_until: np.ndarray
     pace: np.ndarray
+    lead: np.ndarray
     queued_work: np.ndarray
     waiting_prompt: np.ndarray
     decode_context: np.ndarray
     block_size: np.ndarray
     role: np.ndarray
     live: np.ndarray
+    floors: np.ndarray
+    floors_at: float | None = None
     marked: set[int] = field(default_factory=set)
     members: dict[tuple[Role, ...], np.ndarray] = field(default_factory=dict)
     views: list[Any] = field(default_factory=list)
@@ -64,9 +72,11 @@ class LoadIndex:
     def over(cls, workers: Sequence[WorkerState]) -> LoadIndex:
         """An index of ``workers`` (the fleet, by id), each of which reports its changes to it."""
         n = len(workers)
-        index = cls(workers, _column(n), _column(n), _column(n), _column(n, float), _column(n, float),
-                    _column(n, float), _column(n), _column(n), _column(n), _column(n, np.int8),
-                    _column(n, bool))
+        index = cls(workers, booked=_column(n), batch=_column(n), to_finish=_column(n),
+                    busy_until=_column(n, float), pace=np.ones(n), lead=_column(n),
+                    queued_work=_column(n, float), waiting_prompt=_column(n), decode_context=_column(n),
+                    block_size=_column(n), role=_column(n, np.int8), live=_column(n, bool),
+                    floors=_column(n))
         index.views = index._column_views()
         for worker in workers:
             index.watch(worker)
@@ -102,26 +112,35 @@ class LoadIndex:
         return ids
 
     def load_floors(self, ids: np.ndarray) -> np.ndarray:
-        """``WorkerState.load_floor`` of each worker of ``ids`` (its terms, in vector form): the
-        booked load, less the lazily booked decode iterations elapsed by now, worked out only
-        for the workers whose iteration has ended with a batch booked (none of a prefill pool).
-        Read only: it may be the index's own column."""
+        """``WorkerState.load_floor`` of each worker of ``ids``, read from the whole fleet's,
+        which are taken once per clock (see ``_take_floors``). Read only: it may be the index's
+        own column."""
+        self._refile()
         whole = len(ids) == len(self.workers)
-        booked = self.booked if whole else self.booked[ids]
         lag = self.workers[0].lag
         if lag is None:
-            return booked
-        batch, busy = (self.batch, self.busy_until) if whole else (self.batch[ids], self.busy_until[ids])
-        behind = ((busy <= lag.now) & (batch > 0)).nonzero()[0]
+            return self.booked if whole else self.booked[ids]
+        if self.floors_at != lag.now:
+            self._take_floors(lag.now)
+        return self.floors if whole else self.floors[ids]
+
+    def _take_floors(self, now: float) -> None:
+        """Every worker's ``load_floor`` at ``now`` (its terms, in vector form): the booked load,
+        less the lazily booked decode iterations elapsed by now, worked out only for the workers
+        whose iteration has ended with a batch booked (none of a prefill pool). Kept for the
+        clock: a worker re-filed at the same clock has its row written from its own
+        ``load_floor``, so that a decision's second walk (a migration's decode target, then the
+        round's shortlist) takes none."""
+        np.copyto(self.floors, self.booked)
+        self.floors_at = now
+        behind = ((self.busy_until <= now) & (self.batch > 0)).nonzero()[0]
         if not len(behind):
-            return booked
-        at = ids[behind]
-        most, pace, since = self.to_finish[at], self.pace[at], lag.now - busy[behind]
-        paced = pace > 0
-        most[paced] = np.minimum(most[paced], 2 + (since[paced] / pace[paced]).astype(np.int64))
-        floors = booked.copy() if whole else booked
-        floors[behind] -= batch[behind] * most
-        return floors
+            return
+        most = ((now - self.busy_until[behind]) / self.pace[behind]).astype(np.int64)
+        most += self.lead[behind]
+        np.minimum(most, self.to_finish[behind], out=most)
+        most *= self.batch[behind]
+        self.floors[behind] -= most
 
     def free_at(self, ids: np.ndarray, now: float) -> np.ndarray:
         """``prediction.free_at`` of each worker of ``ids`` at ``now``."""
@@ -133,12 +152,19 @@ class LoadIndex:
         and a thousand-worker fleet re-files dozens of workers per decision)."""
         if not self.marked:
             return
-        booked, batch, to_finish, busy_until, pace, queued_work, waiting_prompt, decode_context, \
-            block_size, role, live = self.views
+        booked, batch, to_finish, busy_until, pace, lead, queued_work, waiting_prompt, \
+            decode_context, block_size, role, live, floors = self.views
+        lag = self.workers[0].lag
+        if lag is None or self.floors_at != lag.now:
+            self.floors_at = None
         for worker_id in self.marked:
             worker = self.workers[worker_id]
             booked[worker_id], batch[worker_id], to_finish[worker_id] = worker.booked_load()
-            pace[worker_id], busy_until[worker_id] = worker.pace, worker.booked_busy_until()
+            paced = worker.pace > 0
+            pace[worker_id], lead[worker_id] = (worker.pace, 2) if paced else (1.0, UNPACED)
+            busy_until[worker_id] = worker.booked_busy_until()
+            if self.floors_at is not None:
+                floors[worker_id] = worker.load_floor
             queued_work[worker_id], waiting_prompt[worker_id] = worker.queued_work, worker.waiting_prompt
             decode_context[worker_id] = worker.decode_context_floor
             block_size[worker_id] = worker.kv.block_size
@@ -152,8 +178,9 @@ class LoadIndex:
         """Writable memory views of the columns, in ``_refile``'s order (typed loosely: a view
         of a float column takes floats)."""
         return [memoryview(cast(Any, column)) for column in (
-            self.booked, self.batch, self.to_finish, self.busy_until, self.pace, self.queued_work,
-            self.waiting_prompt, self.decode_context, self.block_size, self.role, self.live)]
+            self.booked, self.batch, self.to_finish, self.busy_until, self.pace, self.lead,
+            self.queued_work, self.waiting_prompt, self.decode_context, self.block_size, self.role,
+            self.live, self.floors)]
 
 
 def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:
@@ -171,7 +198,9 @@ def ascending(values: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
     same names: those are Python wrappers around them (0.3–0.7 µs more a call, measured with
     ``timeit``; every walk by load makes several)."""
     if values.dtype.kind == "i":
-        return _by_key(values * len(ids) + np.arange(len(ids)), ids)
+        keys = values * len(ids)
+        keys += _places(len(ids))
+        return _by_key(keys, ids)
     if len(ids) <= FIRST:
         return _pairs(values, ids, values.argsort(kind="stable"))
     least = values.copy()
@@ -206,7 +235,23 @@ def _by_key(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
 
 
 def _keyed(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
-    return zip((keys // len(ids)).tolist(), ids[keys % len(ids)].tolist(), strict=True)
+    values, places = np.divmod(keys, len(ids))
+    return zip(values.tolist(), ids[places].tolist(), strict=True)
+
+
+_PLACES: dict[int, np.ndarray] = {}
+_SIZES_KEPT = 16
+
+
+def _places(count: int) -> np.ndarray:
+    """0 .. count - 1, kept per count (read only): a fleet walks pools of a few sizes, which
+    change only as workers die or change roles."""
+    places = _PLACES.get(count)
+    if places is None:
+        if len(_PLACES) >= _SIZES_KEPT:
+            _PLACES.clear()
+        places = _PLACES[count] = np.arange(count)
+    return places
 
 
 def _keyed_rest(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:

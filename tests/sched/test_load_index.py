@@ -17,7 +17,7 @@ from tests.sched.test_scale_indexes import LABELS
 from tropical.sched.admission import admission_error
 from tropical.sched.baselines import DisaggPolicy
 from tropical.sched.cluster import Cluster
-from tropical.sched.dispatch import ARRIVAL_ROLES, DECODING_ROLES, by_load, least_work
+from tropical.sched.dispatch import ARRIVAL_ROLES, DECODING_ROLES, NewTokenFloors, by_load, least_work
 from tropical.sched.fleet import worker_states
 from tropical.sched.lag import Lag
 from tropical.sched.load_index import FIRST, LoadIndex, ascending, fleet_index
@@ -227,3 +227,27 @@ def test_the_index_bounds_each_worker_by_its_own_load_floor_at_any_clock(seed, n
         for walk in WALKS:
             ids = index.live_ids(walk)
             assert index.load_floors(ids).tolist() == [cluster.workers[i].load_floor for i in ids]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([1, 5, 40]), st.sampled_from([0.0, 0.5, 1.0]))
+def test_the_new_token_floors_of_the_fleet_are_each_workers_own(seed, n, share):
+    """As a vector by worker id, priced or not, whatever share of the fleet holds the prompt's
+    first block (every worker: a conversation's first block, once the fleet has served a few)."""
+    rng = random.Random(seed)
+    label = rng.choice(LABELS)
+    kin = [other for other in LABELS if other[0] == label[0]]
+    policy = TropicalPolicy(512)
+    workers = worker_states(policy, [Role.MULTIPLEX] * n, [(512, 16)] * n, [linear_model()] * n,
+                            prefix_cache=True)
+    for w in workers:
+        held = rng.choice(kin) if rng.random() < share else rng.choice(LABELS)
+        history = prefixed(-1 - w.id, keys(held, BLOCK * rng.randint(1, 3)), 3 * BLOCK)
+        w.enqueue(history)
+        w.reserve(history)
+        w.complete_prefill(history, history.remaining_prompt, now=0.0)
+    floors = NewTokenFloors.of(prefixed(1, keys(label, 3 * BLOCK), 3 * BLOCK), workers)
+    if share == 1.0:
+        assert len(floors.levels[0][1]) == n
+    assert floors.vector(n).tolist() == [floors.at(w) for w in workers]
+    assert floors.vector(n, lambda tokens: tokens / 2).tolist() == [floors.at(w) / 2 for w in workers]

@@ -234,12 +234,16 @@ class NewTokenFloors:
     def vector(self, size: int, price: Callable[[int], float] | None = None) -> np.ndarray:
         """``at`` of every worker of a fleet of ``size``, by id (priced by ``price`` if given:
         once per level), filled a level at a time (no look at each worker in Python: the first
-        blocks of a conversation are held by every worker)."""
+        blocks of a conversation are held by every worker, and a level of every worker is
+        filled without reading its set: at 1,024 workers that read took 12 µs)."""
         value: Callable[[int], float] = int if price is None else price
         floors = np.empty(size, np.int64 if price is None else float)
         floors.fill(value(self.rest))     # np.full is a Python wrapper around these two
         for depth, held in self.levels:
-            floors[np.fromiter(held, np.int64, len(held))] = value(self.floor(depth))
+            if len(held) == size:
+                floors.fill(value(self.floor(depth)))
+            else:
+                floors[np.fromiter(held, np.int64, len(held))] = value(self.floor(depth))
         return floors
 
 

@@ -52,13 +52,15 @@ from tropical.sched.slack import Decoding, SlackRule
 from tropical.sched.worker import WorkerState
 from tropical.sched.worker_views import WorkerViews
 
-SHORTLIST = 8
+SHORTLIST = 4
 """Multiplexing workers Path 2 prices per request: all of them up to this many; beyond, the
 ones with the least work once they took it (their prefix cache's hit counted), so that a
 decision costs the same at a thousand workers as at a few (pricing a worker plans its next
-iteration: the scan the toggle cannot afford per worker at scale). Eight rather than sixteen:
-``benchmarks/shortlist.py`` sets the two side by side (decision times under a burst,
-attainment near capacity at 64 to 1,024 workers; docs/scaling.md)."""
+iteration: the scan the toggle cannot afford per worker at scale). Four rather than eight or
+sixteen: ``benchmarks/shortlist.py`` sets sizes side by side (decision times under a burst,
+attainment near capacity at 64 to 1,024 workers), and ``tropical sweep --shortlist`` their
+capacities at 16 to 256 workers, where four served as many requests as eight or more in every
+cell measured (docs/scaling.md)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -593,10 +593,12 @@ class TropicalPolicy(Policy):
         return decode_destination(req, workers)
 
     def _joins_in_time(self, req: Request, worker: WorkerState, now: float) -> bool:
+        """Would ``worker``'s decodes, ``req`` joining them, keep their TPOT (its queue's sums
+        read from its view: under a burst a multiplexing worker queues dozens of prompts)?"""
         nxt = self._next_of(worker, now)
         if self.toggle.chunked:
             limit = min(nxt.min_tpot, req.slo.tpot)
-            return self._decodes_fit(worker, nxt, Pending.of(worker, (*nxt.queued, req), nxt.carried), limit)
+            return self._decodes_fit(worker, nxt, self._queued_of(worker, now).plus(req, worker), limit)
         joined = nxt.with_joining(Decoding(req, req.generated, req.first_token_at))
         return joined.fits(worker.latency.iteration_time(joined.shape(list(nxt.queued))), self.toggle.slack)
 

@@ -6,6 +6,7 @@ order a look at every worker would."""
 from __future__ import annotations
 
 import random
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from tests.factories import linear_model, make_request, migrate_in, start_decoding
 from tests.sched.test_prefix_cache import BLOCK, keys, prefixed
 from tests.sched.test_scale_indexes import LABELS
+from tropical.sched import load_index
 from tropical.sched.admission import admission_error
 from tropical.sched.baselines import DisaggPolicy
 from tropical.sched.cluster import Cluster
@@ -202,10 +204,17 @@ def test_admission_asked_of_the_index_answers_as_a_look_at_every_worker(seed, n)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from([3, 12, 40]))
-def test_the_index_bounds_each_worker_by_its_own_load_floor_at_any_clock(seed, n):
+@given(st.integers(0, 10_000), st.sampled_from([3, 12, 40]), st.sampled_from([0, 1_000]))
+def test_the_index_bounds_each_worker_by_its_own_load_floor_at_any_clock(seed, n, asked):
     """Lazily booked decode runs of every pace (none, fast, slow), iterations ended before the
-    clock or not, each worker's or only part of the fleet's: the vector floors are the workers'."""
+    clock or not, each worker's or only part of the fleet's: the vector floors are the workers',
+    worked out in vector form or asked of each worker behind its booking (``asked``: how many
+    may be)."""
+    with mock.patch.object(load_index, "_ASKED", asked):
+        floors_at_every_clock(seed, n)
+
+
+def floors_at_every_clock(seed: int, n: int) -> None:
     rng = random.Random(seed)
     roles = [rng.choice([Role.PREFILL, Role.MULTIPLEX, Role.DECODE]) for _ in range(n)]
     workers = worker_states(DisaggPolicy(512), roles, [(512, 16)] * n, [linear_model()] * n)

@@ -29,6 +29,10 @@ from tropical.core.request import Request
 from tropical.sched.dispatch import NewTokenFloors
 from tropical.sched.worker import WorkerState
 
+ROUNDING_S = 1e-9
+"""How far under its sum a floor is set: ``Chunk.finish`` adds the same terms in another order,
+and the two may round apart by an ulp (found at 64 workers: a floor one ulp above its price)."""
+
 
 def chunked_floors(req: Request, workers: Sequence[WorkerState],
                    now: float) -> Callable[[WorkerState], float] | None:
@@ -52,5 +56,5 @@ def chunked_floors(req: Request, workers: Sequence[WorkerState],
         per_iteration = worker.rules.token_budget - batch
         if per_iteration > 0:
             steps = max(steps, -(-new // per_iteration))
-        return max(now, worker.booked_busy_until()) + work + steps * decode
+        return max(now, worker.booked_busy_until()) + work + steps * decode - ROUNDING_S
     return floor

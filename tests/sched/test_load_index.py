@@ -235,7 +235,9 @@ def floors_at_every_clock(seed: int, n: int) -> None:
         books.lag.now = now
         for walk in WALKS:
             ids = index.live_ids(walk)
-            assert index.load_floors(ids).tolist() == [cluster.workers[i].load_floor for i in ids]
+            floors = [cluster.workers[i].load_floor for i in ids]
+            assert index.load_floors(ids).tolist() == floors
+            assert list(index.ordered(walk)) == sorted(zip(floors, ids.tolist(), strict=True))
 
 
 @settings(max_examples=40, deadline=None)

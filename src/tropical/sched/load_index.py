@@ -13,6 +13,7 @@ marked ones before its next walk.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -56,6 +57,7 @@ class LoadIndex:
     batch: np.ndarray
     to_finish: np.ndarray
     busy_until: np.ndarray
+    lazy_until: np.ndarray
     pace: np.ndarray
     lead: np.ndarray
     queued_work: np.ndarray
@@ -65,6 +67,7 @@ class LoadIndex:
     role: np.ndarray
     live: np.ndarray
     floors: np.ndarray
+    keys: np.ndarray
     floors_at: float | None = None
     marked: set[int] = field(default_factory=set)
     members: dict[tuple[Role, ...], np.ndarray] = field(default_factory=dict)
@@ -75,10 +78,11 @@ class LoadIndex:
         """An index of ``workers`` (the fleet, by id), each of which reports its changes to it."""
         n = len(workers)
         index = cls(workers, booked=_column(n), batch=_column(n), to_finish=_column(n),
-                    busy_until=_column(n, float), pace=np.ones(n), lead=_column(n),
+                    busy_until=_column(n, float), lazy_until=np.full(n, math.inf), pace=np.ones(n),
+                    lead=_column(n),
                     queued_work=_column(n, float), waiting_prompt=_column(n), decode_context=_column(n),
                     block_size=_column(n), role=_column(n, np.int8), live=_column(n, bool),
-                    floors=_column(n))
+                    floors=_column(n), keys=_column(n))
         index.views = index._column_views()
         for worker in workers:
             index.watch(worker)
@@ -100,6 +104,8 @@ class LoadIndex:
         ties), the floors taken at the substrate's clock now; with ``extra`` (one term per
         worker id), as (load floor + its term, id)."""
         ids = self.live_ids(roles)
+        if extra is None and self._floors_taken():
+            return _by_key(self.keys[ids], len(self.workers))
         floors = self.load_floors(ids)
         return ascending(floors if extra is None else floors + extra[ids], ids)
 
@@ -119,12 +125,19 @@ class LoadIndex:
         own column."""
         self._refile()
         whole = len(ids) == len(self.workers)
+        if not self._floors_taken():
+            return self.booked if whole else self.booked[ids]
+        return self.floors if whole else self.floors[ids]
+
+    def _floors_taken(self) -> bool:
+        """Are the fleet's floors (and keys) taken at the substrate's clock now, taking them if
+        not? False where no substrate books lazily: the booked loads are the floors."""
         lag = self.workers[0].lag
         if lag is None:
-            return self.booked if whole else self.booked[ids]
+            return False
         if self.floors_at != lag.now:
             self._take_floors(lag.now)
-        return self.floors if whole else self.floors[ids]
+        return True
 
     def _take_floors(self, now: float) -> None:
         """Every worker's ``load_floor`` at ``now``: the booked load, less the lazily booked
@@ -137,17 +150,19 @@ class LoadIndex:
         (a migration's decode target, then the round's shortlist) takes none."""
         np.copyto(self.floors, self.booked)
         self.floors_at = now
-        behind = ((self.busy_until <= now) & (self.batch > 0)).nonzero()[0]
+        behind = (self.lazy_until <= now).nonzero()[0]
         if len(behind) <= _ASKED:
-            *_, floors = self.views
+            *_, floors, _ = self.views
             for worker_id in behind.tolist():
                 floors[worker_id] = self.workers[worker_id].load_floor
-            return
-        most = ((now - self.busy_until[behind]) / self.pace[behind]).astype(np.int64)
-        most += self.lead[behind]
-        np.minimum(most, self.to_finish[behind], out=most)
-        most *= self.batch[behind]
-        self.floors[behind] -= most
+        else:
+            most = ((now - self.busy_until[behind]) / self.pace[behind]).astype(np.int64)
+            most += self.lead[behind]
+            np.minimum(most, self.to_finish[behind], out=most)
+            most *= self.batch[behind]
+            self.floors[behind] -= most
+        np.multiply(self.floors, len(self.workers), out=self.keys)
+        self.keys += _places(len(self.workers))
 
     def free_at(self, ids: np.ndarray, now: float) -> np.ndarray:
         """``prediction.free_at`` of each worker of ``ids`` at ``now``."""
@@ -159,8 +174,9 @@ class LoadIndex:
         and a thousand-worker fleet re-files dozens of workers per decision)."""
         if not self.marked:
             return
-        booked, batch, to_finish, busy_until, pace, lead, queued_work, waiting_prompt, \
-            decode_context, block_size, role, live, floors = self.views
+        booked, batch, to_finish, busy_until, lazy_until, pace, lead, queued_work, waiting_prompt, \
+            decode_context, block_size, role, live, floors, keys = self.views
+        n = len(self.workers)
         lag = self.workers[0].lag
         if lag is None or self.floors_at != lag.now:
             self.floors_at = None
@@ -170,8 +186,10 @@ class LoadIndex:
             paced = worker.pace > 0
             pace[worker_id], lead[worker_id] = (worker.pace, 2) if paced else (1.0, UNPACED)
             busy_until[worker_id] = worker.booked_busy_until()
+            lazy_until[worker_id] = busy_until[worker_id] if batch[worker_id] else math.inf
             if self.floors_at is not None:
                 floors[worker_id] = worker.load_floor
+                keys[worker_id] = floors[worker_id] * n + worker_id
             queued_work[worker_id], waiting_prompt[worker_id] = worker.queued_work, worker.waiting_prompt
             decode_context[worker_id] = worker.decode_context_floor
             block_size[worker_id] = worker.kv.block_size
@@ -185,9 +203,9 @@ class LoadIndex:
         """Writable memory views of the columns, in ``_refile``'s order (typed loosely: a view
         of a float column takes floats)."""
         return [memoryview(cast(Any, column)) for column in (
-            self.booked, self.batch, self.to_finish, self.busy_until, self.pace, self.lead,
-            self.queued_work, self.waiting_prompt, self.decode_context, self.block_size, self.role,
-            self.live, self.floors)]
+            self.booked, self.batch, self.to_finish, self.busy_until, self.lazy_until, self.pace,
+            self.lead, self.queued_work, self.waiting_prompt, self.decode_context, self.block_size,
+            self.role, self.live, self.floors, self.keys)]
 
 
 def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:
@@ -207,7 +225,7 @@ def ascending(values: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
     if values.dtype.kind == "i":
         keys = values * len(ids)
         keys += _places(len(ids))
-        return _by_key(keys, ids)
+        return _by_key(keys, len(ids), ids)
     if len(ids) <= FIRST:
         return _pairs(values, ids, values.argsort(kind="stable"))
     least = values.copy()
@@ -229,21 +247,22 @@ def _rest(values: np.ndarray, ids: np.ndarray, first: np.ndarray) -> Iterator[Ra
     yield from _pairs(values[left], ids[left], values[left].argsort(kind="stable"))
 
 
-def _by_key(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
-    """``ascending`` over keys of value × len(ids) + place in ``ids`` (an array of the caller's
-    own: sorted in place)."""
+def _by_key(keys: np.ndarray, span: int, ids: np.ndarray | None = None) -> Iterator[Ranked]:
+    """``ascending`` over keys of value × ``span`` + place, a place in ``ids`` (else the id
+    itself: the index's fleet keys), which no two workers share (an array of the caller's own:
+    sorted in place)."""
     if len(keys) <= FIRST:
         keys.sort()
-        return _keyed(keys, ids)
+        return _keyed(keys, span, ids)
     keys.partition(FIRST - 1)
     first = keys[:FIRST]
     first.sort()
-    return chain(_keyed(first, ids), _keyed_rest(keys[FIRST:], ids))
+    return chain(_keyed(first, span, ids), _keyed_rest(keys[FIRST:], span, ids))
 
 
-def _keyed(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
-    values, places = np.divmod(keys, len(ids))
-    return zip(values.tolist(), ids[places].tolist(), strict=True)
+def _keyed(keys: np.ndarray, span: int, ids: np.ndarray | None) -> Iterator[Ranked]:
+    values, places = np.divmod(keys, span)
+    return zip(values.tolist(), (places if ids is None else ids[places]).tolist(), strict=True)
 
 
 _PLACES: dict[int, np.ndarray] = {}
@@ -261,11 +280,12 @@ def _places(count: int) -> np.ndarray:
     return places
 
 
-def _keyed_rest(keys: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
+def _keyed_rest(keys: np.ndarray, span: int, ids: np.ndarray | None) -> Iterator[Ranked]:
     """The keys past the first ``FIRST``, in order (sorted, in place, only when a walk reaches
     them)."""
     keys.sort()
-    yield from _keyed(keys, ids)
+    yield from _keyed(keys, span, ids)
+
 
 
 def fleet_index(workers: Sequence[WorkerState]) -> LoadIndex | None:

@@ -44,13 +44,15 @@ def _column(size: int, kind: type = np.int64) -> np.ndarray:
 class LoadIndex:
     """The fleet (``workers``, by id), the workers marked since the last walk, and per worker
     its load as booked, its lazily booked batch (0: none), the iterations to its next finish,
-    when its iteration ends, the least an iteration takes (``pace``; 1.0 where none is known)
-    and how many iterations a run has gone at most when that one ends (``lead``: 2, or
-    ``UNPACED``), its queued prefill work, the prompt tokens queued there, its decode contexts
-    as booked, its KV block size, its role (an index into ``ROLES``), whether it is live, and
-    its load floor at ``floors_at`` (None: not taken since the clock moved); the live workers of
-    each set of roles walked (``members``); and memory views of the columns, through which
-    re-filing writes (``views``)."""
+    when its iteration ends and, with a batch booked lazily, when that iteration ends
+    (``lazy_until``; inf without), the least an iteration takes (``pace``; 1.0 where none is
+    known) and how many iterations a run has gone at most when that one ends (``lead``: 2, or
+    ``UNPACED``), its queued prefill work, the prompt tokens queued there, its decode contexts as
+    booked, its KV block size, its role (an index into ``ROLES``), whether it is live, and its
+    walk keys (load floor × fleet size + id, which no two workers share): as booked
+    (``booked_keys``), and at ``floors_at`` (``keys``; None: not taken since the clock moved);
+    the live workers of each set of roles walked (``members``); and memory views of the
+    columns, through which re-filing writes (``views``)."""
 
     workers: Sequence[WorkerState]
     booked: np.ndarray
@@ -66,7 +68,7 @@ class LoadIndex:
     block_size: np.ndarray
     role: np.ndarray
     live: np.ndarray
-    floors: np.ndarray
+    booked_keys: np.ndarray
     keys: np.ndarray
     floors_at: float | None = None
     marked: set[int] = field(default_factory=set)
@@ -82,7 +84,7 @@ class LoadIndex:
                     lead=_column(n),
                     queued_work=_column(n, float), waiting_prompt=_column(n), decode_context=_column(n),
                     block_size=_column(n), role=_column(n, np.int8), live=_column(n, bool),
-                    floors=_column(n), keys=_column(n))
+                    booked_keys=_column(n), keys=_column(n))
         index.views = index._column_views()
         for worker in workers:
             index.watch(worker)
@@ -127,7 +129,7 @@ class LoadIndex:
         whole = len(ids) == len(self.workers)
         if not self._floors_taken():
             return self.booked if whole else self.booked[ids]
-        return self.floors if whole else self.floors[ids]
+        return (self.keys if whole else self.keys[ids]) // len(self.workers)
 
     def _floors_taken(self) -> bool:
         """Are the fleet's floors (and keys) taken at the substrate's clock now, taking them if
@@ -148,21 +150,21 @@ class LoadIndex:
         microsecond whatever their number. Kept for the clock: a worker re-filed at the same
         clock has its row written from its own ``load_floor``, so that a decision's second walk
         (a migration's decode target, then the round's shortlist) takes none."""
-        np.copyto(self.floors, self.booked)
+        np.copyto(self.keys, self.booked_keys)
         self.floors_at = now
+        n = len(self.workers)
         behind = (self.lazy_until <= now).nonzero()[0]
         if len(behind) <= _ASKED:
-            *_, floors, _ = self.views
+            *_, keys = self.views
             for worker_id in behind.tolist():
-                floors[worker_id] = self.workers[worker_id].load_floor
-        else:
-            most = ((now - self.busy_until[behind]) / self.pace[behind]).astype(np.int64)
-            most += self.lead[behind]
-            np.minimum(most, self.to_finish[behind], out=most)
-            most *= self.batch[behind]
-            self.floors[behind] -= most
-        np.multiply(self.floors, len(self.workers), out=self.keys)
-        self.keys += _places(len(self.workers))
+                keys[worker_id] = self.workers[worker_id].load_floor * n + worker_id
+            return
+        most = ((now - self.busy_until[behind]) / self.pace[behind]).astype(np.int64)
+        most += self.lead[behind]
+        np.minimum(most, self.to_finish[behind], out=most)
+        most *= self.batch[behind]
+        most *= n
+        self.keys[behind] -= most
 
     def free_at(self, ids: np.ndarray, now: float) -> np.ndarray:
         """``prediction.free_at`` of each worker of ``ids`` at ``now``."""
@@ -175,7 +177,7 @@ class LoadIndex:
         if not self.marked:
             return
         booked, batch, to_finish, busy_until, lazy_until, pace, lead, queued_work, waiting_prompt, \
-            decode_context, block_size, role, live, floors, keys = self.views
+            decode_context, block_size, role, live, booked_keys, keys = self.views
         n = len(self.workers)
         lag = self.workers[0].lag
         if lag is None or self.floors_at != lag.now:
@@ -183,13 +185,13 @@ class LoadIndex:
         for worker_id in self.marked:
             worker = self.workers[worker_id]
             booked[worker_id], batch[worker_id], to_finish[worker_id] = worker.booked_load()
+            booked_keys[worker_id] = booked[worker_id] * n + worker_id
             paced = worker.pace > 0
             pace[worker_id], lead[worker_id] = (worker.pace, 2) if paced else (1.0, UNPACED)
             busy_until[worker_id] = worker.booked_busy_until()
             lazy_until[worker_id] = busy_until[worker_id] if batch[worker_id] else math.inf
             if self.floors_at is not None:
-                floors[worker_id] = worker.load_floor
-                keys[worker_id] = floors[worker_id] * n + worker_id
+                keys[worker_id] = worker.load_floor * n + worker_id
             queued_work[worker_id], waiting_prompt[worker_id] = worker.queued_work, worker.waiting_prompt
             decode_context[worker_id] = worker.decode_context_floor
             block_size[worker_id] = worker.kv.block_size
@@ -205,7 +207,7 @@ class LoadIndex:
         return [memoryview(cast(Any, column)) for column in (
             self.booked, self.batch, self.to_finish, self.busy_until, self.lazy_until, self.pace,
             self.lead, self.queued_work, self.waiting_prompt, self.decode_context, self.block_size,
-            self.role, self.live, self.floors, self.keys)]
+            self.role, self.live, self.booked_keys, self.keys)]
 
 
 def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:
@@ -261,6 +263,10 @@ def _by_key(keys: np.ndarray, span: int, ids: np.ndarray | None = None) -> Itera
 
 
 def _keyed(keys: np.ndarray, span: int, ids: np.ndarray | None) -> Iterator[Ranked]:
+    """The keys' (value, id) pairs; the fleet's keys are split one by one as a walk reads them
+    (most walks read a few of the first ``FIRST``)."""
+    if ids is None:
+        return (divmod(key, span) for key in keys.tolist())
     values, places = np.divmod(keys, span)
     return zip(values.tolist(), (places if ids is None else ids[places]).tolist(), strict=True)
 

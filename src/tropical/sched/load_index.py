@@ -106,8 +106,11 @@ class LoadIndex:
         ties), the floors taken at the substrate's clock now; with ``extra`` (one term per
         worker id), as (load floor + its term, id)."""
         ids = self.live_ids(roles)
-        if extra is None and self._floors_taken():
-            return _by_key(self.keys[ids], len(self.workers))
+        if (extra is None or extra.dtype.kind == "i") and self._floors_taken():
+            keys = self.keys[ids]
+            if extra is not None:
+                keys += extra[ids] * len(self.workers)
+            return _by_key(keys, len(self.workers))
         floors = self.load_floors(ids)
         return ascending(floors if extra is None else floors + extra[ids], ids)
 

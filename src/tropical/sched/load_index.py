@@ -81,10 +81,9 @@ class LoadIndex:
         n = len(workers)
         index = cls(workers, booked=_column(n), batch=_column(n), to_finish=_column(n),
                     busy_until=_column(n, float), lazy_until=np.full(n, math.inf), pace=np.ones(n),
-                    lead=_column(n),
-                    queued_work=_column(n, float), waiting_prompt=_column(n), decode_context=_column(n),
-                    block_size=_column(n), role=_column(n, np.int8), live=_column(n, bool),
-                    booked_keys=_column(n), keys=_column(n))
+                    lead=_column(n), queued_work=_column(n, float), waiting_prompt=_column(n),
+                    decode_context=_column(n), block_size=_column(n), role=_column(n, np.int8),
+                    live=_column(n, bool), booked_keys=_column(n), keys=_column(n))
         index.views = index._column_views()
         for worker in workers:
             index.watch(worker)
@@ -271,7 +270,7 @@ def _keyed(keys: np.ndarray, span: int, ids: np.ndarray | None) -> Iterator[Rank
     if ids is None:
         return (divmod(key, span) for key in keys.tolist())
     values, places = np.divmod(keys, span)
-    return zip(values.tolist(), (places if ids is None else ids[places]).tolist(), strict=True)
+    return zip(values.tolist(), ids[places].tolist(), strict=True)
 
 
 _PLACES: dict[int, np.ndarray] = {}

@@ -27,8 +27,6 @@ from tropical.sched.worker import WorkerState
 Ranked = tuple[float | int, int]
 """A live worker's bound and id (a load floor is a whole number of tokens, a time is not)."""
 ROLES = tuple(Role)
-UNPACED = 1 << 40
-"""``lead`` of a worker with no pace known: nothing caps the iterations its run has gone."""
 _ASKED = 12
 """Workers behind their booking that ``_take_floors`` asks one by one rather than in vector form."""
 FIRST = 32
@@ -43,32 +41,29 @@ def _column(size: int, kind: type = np.int64) -> np.ndarray:
 @dataclass(slots=True, eq=False)
 class LoadIndex:
     """The fleet (``workers``, by id), the workers marked since the last walk, and per worker
-    its load as booked, its lazily booked batch (0: none), the iterations to its next finish,
-    when its iteration ends and, with a batch booked lazily, when that iteration ends
-    (``lazy_until``; inf without), the least an iteration takes (``pace``; 1.0 where none is
-    known) and how many iterations a run has gone at most when that one ends (``lead``: 2, or
-    ``UNPACED``), its queued prefill work, the prompt tokens queued there, its decode contexts as
-    booked, its KV block size, its role (an index into ``ROLES``), whether it is live, and its
-    walk keys (load floor × fleet size + id, which no two workers share): as booked
-    (``booked_keys``), and at ``floors_at`` (``keys``; None: not taken since the clock moved);
-    the live workers of each set of roles walked (``members``); and memory views of the
-    columns, through which re-filing writes (``views``)."""
+    its walk key as booked (its load as booked × fleet size + its id, which no two workers
+    share: ``booked_keys``), its lazily booked batch (0: none), the iterations to its next
+    finish, when its iteration ends and, with a batch booked lazily, when that iteration ends
+    (``lazy_until``; inf without), the least an iteration takes, its queued prefill work, the
+    prompt tokens queued there, its decode contexts as booked, its KV block size, its role (an
+    index into ``ROLES``), whether it is live, and its walk key at ``floors_at`` (its load floor
+    then in place of its booked load: ``keys``; None: not taken since the clock moved); the live
+    workers of each set of roles walked (``members``); and memory views of the columns, through
+    which re-filing writes (``views``)."""
 
     workers: Sequence[WorkerState]
-    booked: np.ndarray
+    booked_keys: np.ndarray
     batch: np.ndarray
     to_finish: np.ndarray
     busy_until: np.ndarray
     lazy_until: np.ndarray
     pace: np.ndarray
-    lead: np.ndarray
     queued_work: np.ndarray
     waiting_prompt: np.ndarray
     decode_context: np.ndarray
     block_size: np.ndarray
     role: np.ndarray
     live: np.ndarray
-    booked_keys: np.ndarray
     keys: np.ndarray
     floors_at: float | None = None
     marked: set[int] = field(default_factory=set)
@@ -79,11 +74,11 @@ class LoadIndex:
     def over(cls, workers: Sequence[WorkerState]) -> LoadIndex:
         """An index of ``workers`` (the fleet, by id), each of which reports its changes to it."""
         n = len(workers)
-        index = cls(workers, booked=_column(n), batch=_column(n), to_finish=_column(n),
-                    busy_until=_column(n, float), lazy_until=np.full(n, math.inf), pace=np.ones(n),
-                    lead=_column(n), queued_work=_column(n, float), waiting_prompt=_column(n),
+        index = cls(workers, booked_keys=_column(n), batch=_column(n), to_finish=_column(n),
+                    busy_until=_column(n, float), lazy_until=np.full(n, math.inf),
+                    pace=_column(n, float), queued_work=_column(n, float), waiting_prompt=_column(n),
                     decode_context=_column(n), block_size=_column(n), role=_column(n, np.int8),
-                    live=_column(n, bool), booked_keys=_column(n), keys=_column(n))
+                    live=_column(n, bool), keys=_column(n))
         index.views = index._column_views()
         for worker in workers:
             index.watch(worker)
@@ -102,16 +97,13 @@ class LoadIndex:
 
     def ordered(self, roles: Sequence[Role], extra: np.ndarray | None = None) -> Iterator[Ranked]:
         """The live workers of ``roles`` as (load floor, id), least first (lowest id breaks
-        ties), the floors taken at the substrate's clock now; with ``extra`` (one term per
-        worker id), as (load floor + its term, id)."""
+        ties), the floors taken at the substrate's clock now; with ``extra`` (one whole number
+        per worker id), as (load floor + its term, id): added to the walk keys."""
         ids = self.live_ids(roles)
-        if (extra is None or extra.dtype.kind == "i") and self._floors_taken():
-            keys = self.keys[ids]
-            if extra is not None:
-                keys += extra[ids] * len(self.workers)
-            return _by_key(keys, len(self.workers))
-        floors = self.load_floors(ids)
-        return ascending(floors if extra is None else floors + extra[ids], ids)
+        keys = self._floor_keys()[ids]
+        if extra is not None:
+            keys += extra[ids] * len(self.workers)
+        return _by_key(keys, len(self.workers))
 
     def live_ids(self, roles: Sequence[Role]) -> np.ndarray:
         """The ids of the live workers of ``roles``, ascending (brought up to date first)."""
@@ -124,24 +116,19 @@ class LoadIndex:
         return ids
 
     def load_floors(self, ids: np.ndarray) -> np.ndarray:
-        """``WorkerState.load_floor`` of each worker of ``ids``, read from the whole fleet's,
-        which are taken once per clock (see ``_take_floors``). Read only: it may be the index's
-        own column."""
+        """``WorkerState.load_floor`` of each worker of ``ids``, read from their walk keys."""
         self._refile()
-        whole = len(ids) == len(self.workers)
-        if not self._floors_taken():
-            return self.booked if whole else self.booked[ids]
-        return (self.keys if whole else self.keys[ids]) // len(self.workers)
+        return self._floor_keys()[ids] // len(self.workers)
 
-    def _floors_taken(self) -> bool:
-        """Are the fleet's floors (and keys) taken at the substrate's clock now, taking them if
-        not? False where no substrate books lazily: the booked loads are the floors."""
+    def _floor_keys(self) -> np.ndarray:
+        """Every worker's walk key with its load floor at the substrate's clock now, taken once
+        per clock; where no substrate books lazily, the booked loads are the floors."""
         lag = self.workers[0].lag
         if lag is None:
-            return False
+            return self.booked_keys
         if self.floors_at != lag.now:
             self._take_floors(lag.now)
-        return True
+        return self.keys
 
     def _take_floors(self, now: float) -> None:
         """Every worker's ``load_floor`` at ``now``: the booked load, less the lazily booked
@@ -161,9 +148,10 @@ class LoadIndex:
             for worker_id in behind.tolist():
                 keys[worker_id] = self.workers[worker_id].load_floor * n + worker_id
             return
-        most = ((now - self.busy_until[behind]) / self.pace[behind]).astype(np.int64)
-        most += self.lead[behind]
-        np.minimum(most, self.to_finish[behind], out=most)
+        most, pace = self.to_finish[behind], self.pace[behind]
+        paced = pace > 0
+        most[paced] = np.minimum(most[paced], 2 + ((now - self.busy_until[behind[paced]])
+                                                   / pace[paced]).astype(np.int64))
         most *= self.batch[behind]
         most *= n
         self.keys[behind] -= most
@@ -178,19 +166,17 @@ class LoadIndex:
         and a thousand-worker fleet re-files dozens of workers per decision)."""
         if not self.marked:
             return
-        booked, batch, to_finish, busy_until, lazy_until, pace, lead, queued_work, waiting_prompt, \
-            decode_context, block_size, role, live, booked_keys, keys = self.views
+        booked_keys, batch, to_finish, busy_until, lazy_until, pace, queued_work, waiting_prompt, \
+            decode_context, block_size, role, live, keys = self.views
         n = len(self.workers)
         lag = self.workers[0].lag
         if lag is None or self.floors_at != lag.now:
             self.floors_at = None
         for worker_id in self.marked:
             worker = self.workers[worker_id]
-            booked[worker_id], batch[worker_id], to_finish[worker_id] = worker.booked_load()
-            booked_keys[worker_id] = booked[worker_id] * n + worker_id
-            paced = worker.pace > 0
-            pace[worker_id], lead[worker_id] = (worker.pace, 2) if paced else (1.0, UNPACED)
-            busy_until[worker_id] = worker.booked_busy_until()
+            load, batch[worker_id], to_finish[worker_id] = worker.booked_load()
+            booked_keys[worker_id] = load * n + worker_id
+            pace[worker_id], busy_until[worker_id] = worker.pace, worker.booked_busy_until()
             lazy_until[worker_id] = busy_until[worker_id] if batch[worker_id] else math.inf
             if self.floors_at is not None:
                 keys[worker_id] = worker.load_floor * n + worker_id
@@ -207,9 +193,9 @@ class LoadIndex:
         """Writable memory views of the columns, in ``_refile``'s order (typed loosely: a view
         of a float column takes floats)."""
         return [memoryview(cast(Any, column)) for column in (
-            self.booked, self.batch, self.to_finish, self.busy_until, self.lazy_until, self.pace,
-            self.lead, self.queued_work, self.waiting_prompt, self.decode_context, self.block_size,
-            self.role, self.live, self.booked_keys, self.keys)]
+            self.booked_keys, self.batch, self.to_finish, self.busy_until, self.lazy_until,
+            self.pace, self.queued_work, self.waiting_prompt, self.decode_context, self.block_size,
+            self.role, self.live, self.keys)]
 
 
 def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:
@@ -219,17 +205,11 @@ def blocks(tokens: np.ndarray, block_size: np.ndarray) -> np.ndarray:
 
 def ascending(values: np.ndarray, ids: np.ndarray) -> Iterator[Ranked]:
     """(value, id) of each of ``ids`` (ascending), least value first, lowest id breaking ties;
-    sorted lazily: the first ``FIRST`` (times: and their ties), then the rest if a walk reaches
-    them. Whole numbers (tokens, far below 2^63 / the fleet) are ranked by one key each, value
-    then place, which no two workers share: an idle fleet ties hundreds at no load, and by the
-    key only ``FIRST`` of them are sorted (measured under a burst at 1,024 workers, colocated
-    dispatch's decision P99 halves). It calls numpy's array methods, not its functions of the
-    same names: those are Python wrappers around them (0.3–0.7 µs more a call, measured with
-    ``timeit``; every walk by load makes several)."""
-    if values.dtype.kind == "i":
-        keys = values * len(ids)
-        keys += _places(len(ids))
-        return _by_key(keys, len(ids), ids)
+    sorted lazily: the first ``FIRST`` and their ties, then the rest if a walk reaches them. (Walks
+    by load floor go by the index's keys instead, ``LoadIndex.ordered``: an idle fleet ties
+    hundreds at no load.) It calls numpy's array methods, not its functions of the same names:
+    those are Python wrappers around them (0.3–0.7 µs more a call, measured with ``timeit``;
+    every walk makes several)."""
     if len(ids) <= FIRST:
         return _pairs(values, ids, values.argsort(kind="stable"))
     least = values.copy()
@@ -251,49 +231,29 @@ def _rest(values: np.ndarray, ids: np.ndarray, first: np.ndarray) -> Iterator[Ra
     yield from _pairs(values[left], ids[left], values[left].argsort(kind="stable"))
 
 
-def _by_key(keys: np.ndarray, span: int, ids: np.ndarray | None = None) -> Iterator[Ranked]:
-    """``ascending`` over keys of value × ``span`` + place, a place in ``ids`` (else the id
-    itself: the index's fleet keys), which no two workers share (an array of the caller's own:
-    sorted in place)."""
+def _by_key(keys: np.ndarray, span: int) -> Iterator[Ranked]:
+    """(value, id) by key of value × ``span`` + id, least first: the first ``FIRST`` sorted, the
+    rest only if a walk reaches them (an array of the caller's own: sorted in place)."""
     if len(keys) <= FIRST:
         keys.sort()
-        return _keyed(keys, span, ids)
+        return _keyed(keys, span)
     keys.partition(FIRST - 1)
     first = keys[:FIRST]
     first.sort()
-    return chain(_keyed(first, span, ids), _keyed_rest(keys[FIRST:], span, ids))
+    return chain(_keyed(first, span), _keyed_rest(keys[FIRST:], span))
 
 
-def _keyed(keys: np.ndarray, span: int, ids: np.ndarray | None) -> Iterator[Ranked]:
-    """The keys' (value, id) pairs; the fleet's keys are split one by one as a walk reads them
-    (most walks read a few of the first ``FIRST``)."""
-    if ids is None:
-        return (divmod(key, span) for key in keys.tolist())
-    values, places = np.divmod(keys, span)
-    return zip(values.tolist(), ids[places].tolist(), strict=True)
+def _keyed(keys: np.ndarray, span: int) -> Iterator[Ranked]:
+    """The keys' (value, id) pairs, each split as a walk reads it (most walks read a few of the
+    first ``FIRST``)."""
+    return (divmod(key, span) for key in keys.tolist())
 
 
-_PLACES: dict[int, np.ndarray] = {}
-_SIZES_KEPT = 16
-
-
-def _places(count: int) -> np.ndarray:
-    """0 .. count - 1, kept per count (read only): a fleet walks pools of a few sizes, which
-    change only as workers die or change roles."""
-    places = _PLACES.get(count)
-    if places is None:
-        if len(_PLACES) >= _SIZES_KEPT:
-            _PLACES.clear()
-        places = _PLACES[count] = np.arange(count)
-    return places
-
-
-def _keyed_rest(keys: np.ndarray, span: int, ids: np.ndarray | None) -> Iterator[Ranked]:
+def _keyed_rest(keys: np.ndarray, span: int) -> Iterator[Ranked]:
     """The keys past the first ``FIRST``, in order (sorted, in place, only when a walk reaches
     them)."""
     keys.sort()
-    yield from _keyed(keys, span, ids)
-
+    yield from _keyed(keys, span)
 
 
 def fleet_index(workers: Sequence[WorkerState]) -> LoadIndex | None:

@@ -66,6 +66,10 @@ POLICY_HELP = {
     "spare_finishing": "true: a multiplexing worker's iteration that finishes a prompt takes no "
                        "chunk of a later prompt that would make the finished one miss its TTFT "
                        "SLO (default: true for tropical+, false for tropical)",
+    "placed_dispatch": "true: Path 1 sends a prompt to the prefill worker where it would finish "
+                       "soonest at its place in the queue's order (under laxity order, behind only "
+                       "the prompts with less slack) instead of by --least-loaded's rule (default: "
+                       "true for tropical+, false for tropical)",
     "shortlist": f"multiplexing workers Path 2 prices per request where there are more (the least "
                  f"loaded of those holding the prompt's prefix, then the least loaded; tropical; "
                  f"default {SHORTLIST})",

@@ -60,6 +60,7 @@ class PolicyConfig:
     prefill_batch_tokens: int | None = None
     spare_finishing: bool | None = None
     shortlist: int = SHORTLIST
+    placed_dispatch: bool | None = None
     kv_overlap_weight: float = OVERLAP_WEIGHT
     admission: str = "none"
 
@@ -73,7 +74,8 @@ class PolicyConfig:
                               least_loaded=self.least_loaded, correct=self.correct_predictions,
                               flex=self.roles_both_ways, burst=self.burst_multiplex,
                               prefill_budget=self.prefill_batch_tokens,
-                              spare_finishing=self.spare_finishing, shortlist=self.shortlist)
+                              spare_finishing=self.spare_finishing, shortlist=self.shortlist,
+                              placed_dispatch=self.placed_dispatch)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
                             self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 

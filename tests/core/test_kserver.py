@@ -98,6 +98,14 @@ def test_a_bound_prompt_misses_what_a_shared_queue_would_meet():
     assert bound_attainment(jobs, speed=1.0, servers=2, preemptive=False) == 0.75
 
 
+def test_a_prompt_bound_where_it_starts_soonest_meets_what_the_least_loaded_binding_misses():
+    # server 0 runs a 3 s job to t=3; server 1 runs one to t=1.5 with a 2 s job queued behind
+    # it: more work left, but the urgent job goes ahead of the queued one, in deadline order
+    jobs = [(0.0, 3.0, 100.0), (0.0, 1.5, 100.0), (0.0, 2.0, 100.0), (1.0, 1.0, 2.6)]
+    assert bound_attainment(jobs, speed=1.0, servers=2, preemptive=False, soonest=True) == 1.0
+    assert bound_attainment(jobs, speed=1.0, servers=2, soonest=True) == 1.0
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 50), st.floats(0.01, 5), st.floats(0.01, 20)),
                 min_size=1, max_size=30), st.floats(0.2, 4))

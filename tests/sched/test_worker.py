@@ -384,3 +384,40 @@ def test_the_count_of_prompts_that_yielded_at_the_back_never_overcounts(steps):
         tail = worker._yielded_tail
         assert 0 <= tail <= len(worker.waiting)
         assert all(r.yielded for r in list(worker.waiting)[len(worker.waiting) - tail:])
+
+
+def test_work_ahead_sums_the_prompts_with_less_slack_as_laxity_order_places_a_new_one():
+    from tropical.sched.batching import form_batch
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True, token_budget=100))
+    reqs = [make_request(i, prompt=100, ttft=ttft) for i, ttft in enumerate((0.5, 1.0, 2.0, 4.0))]
+    for req in reqs:
+        worker.enqueue(req)
+    form_batch(worker)                                          # reqs[0] runs: not waited for
+    cost = worker.prefill_cost(reqs[1])
+    for key, waited in ((0.0, 0), (0.99, 1), (1.0 - cost, 1), (3.0, 2), (10.0, 3)):
+        new = make_request(9, prompt=100, ttft=key + cost)      # its latest start here is key
+        expected = sum(worker.prefill_cost(r) for r in reqs[1:1 + waited])
+        assert worker.work_ahead(key, 64) == pytest.approx(expected)
+        if waited < 3:
+            worker.enqueue(new)
+            assert list(worker.waiting).index(new) == 1 + waited    # where laxity order put it
+            worker.abort(new)
+    assert worker.work_ahead(10.0, 2) == worker.queued_work    # past the prompts read: all of them
+
+
+def test_work_ahead_is_the_whole_queue_under_arrival_order_and_follows_its_changes():
+    from tropical.sched.rules import BatchRules
+
+    fifo = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True))
+    lax = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True), wid=1)
+    for worker in (fifo, lax):
+        for i in range(3):
+            worker.enqueue(make_request(i, prompt=100 * (i + 1), ttft=1.0 + i))
+    assert fifo.work_ahead(-1.0, 64) == fifo.queued_work
+    before = lax.work_ahead(10.0, 64)
+    assert before == pytest.approx(lax.queued_work)
+    lax.abort(lax.waiting[1])
+    assert lax.work_ahead(10.0, 64) == pytest.approx(lax.queued_work)
+    assert lax.queued_work < before

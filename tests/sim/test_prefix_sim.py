@@ -31,8 +31,10 @@ PUBLISHED = {"chunked-512": "5787bd1fa8249636", "disagg": "0f909e859d288ca8",
 to the microsecond, hashed: as measured before prefix caching existed (at 9d69b00, whose exact
 times hashed as they did then, these hashes were taken; booking decode runs lazily since moves
 the times in their last bits, never a decision). ``tropical+`` as it was then: it has demoted
-doomed prompts and batched 1,024 prompt tokens per prefill iteration by default since."""
-AS_PUBLISHED: dict[str, Any] = {"demote_doomed": False, "prefill_batch_tokens": 4096}
+doomed prompts, batched 1,024 prompt tokens per prefill iteration and placed each prompt by its
+place in the prefill queues by default since."""
+AS_PUBLISHED: dict[str, Any] = {"demote_doomed": False, "prefill_batch_tokens": 4096,
+                                "placed_dispatch": False}
 
 
 def _microseconds(t: float | None) -> float | None:

@@ -67,12 +67,16 @@ def deadline_attainment(jobs: Sequence[Job], speed: float, servers: int = 1, qua
     return met / len(order)
 
 
-def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive: bool = True) -> float:
+def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive: bool = True,
+                     soonest: bool = False) -> float:
     """``deadline_attainment`` with every job bound at its arrival to the server with the least
     work left (its queue and the job it runs; lowest index breaks ties), as a router binds a
     prompt to one worker's queue, each server serving its own jobs earliest deadline first,
     hopeless ones yielding; ``preemptive``: an arrival with an earlier deadline takes its
-    server from the job running there, else it waits for that job's end."""
+    server from the job running there, else it waits for that job's end; ``soonest``: bound
+    instead where it would start soonest, after only the work that goes ahead of it there (the
+    job running, unless it preempts it, and the queued jobs with earlier deadlines), as
+    ``tropical+``'s Path 1 places a prompt by laxity (``sched.placement``)."""
     _check(jobs, servers)
     if speed <= 0:
         return 0.0
@@ -82,8 +86,11 @@ def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive
     for i, (arrival, work, deadline) in enumerate(order):
         for server in fleet:
             server.advance(arrival)
-        least = min(range(servers), key=lambda s: fleet[s].work)
-        fleet[least].take(deadline, i, work, preemptive)
+        if soonest:
+            chosen = min(range(servers), key=lambda s: (fleet[s].start_of(deadline, i, preemptive), s))
+        else:
+            chosen = min(range(servers), key=lambda s: fleet[s].work)
+        fleet[chosen].take(deadline, i, work, preemptive)
     for server in fleet:
         server.advance(math.inf)
     return sum(server.met for server in fleet) / len(order)
@@ -111,14 +118,23 @@ class _BoundServer:
         self.now, self.work, self.met = 0.0, 0.0, 0
 
     def take(self, deadline: float, i: int, work: float, preemptive: bool) -> None:
-        """Queue job ``i``, which arrives now; preemptive, it runs now if its deadline is earlier."""
+        """Queue job ``i``, which arrives now; preemptive, the job running goes back to the queue
+        if its deadline is later. The next job starts when the clock moves on (``advance``), so
+        that jobs arriving at the same instant are ordered by deadline first."""
         self.work += work
         heapq.heappush(self.queue, (deadline, i))
         if preemptive and self.running is not None and (deadline, i) < self.running:
             heapq.heappush(self.queue, self.running)
             self.running = None
-        if self.running is None:
-            self._next()
+
+    def start_of(self, deadline: float, i: int, preemptive: bool) -> float:
+        """When job ``i`` arriving now would start here: after the job running (unless it
+        preempts it) and the queued jobs with earlier deadlines."""
+        ahead = sum(self.left[j] for d, j in self.queue if (d, j) < (deadline, i))
+        running = self.running
+        if running is not None and not (preemptive and (deadline, i) < running):
+            ahead += self.left[running[1]]
+        return self.now + ahead / self.speed
 
     def advance(self, until: float) -> None:
         """Run the queue up to ``until`` (a job ending then leaves its server to whatever

@@ -18,9 +18,9 @@ DISPATCH = {
     "disagg": "prefill: fewest unfinished tokens; decode: fewest unfinished tokens with room",
     "tropical": "Path 1: earliest predicted prefill finish; Path 2 when TTFT is at risk; decode: "
                 "fewest unfinished tokens among workers whose TPOT budget holds",
-    "tropical+": "Path 1: fewest unfinished tokens counting the prompt tokens not cached there; Path 2 "
-                 "when TTFT is at risk; decode: fewest unfinished tokens among workers whose TPOT "
-                 "budget holds",
+    "tropical+": "Path 1: earliest finish at the prompt's place in each prefill queue's laxity order, "
+                 "its cached prefix not recomputed; Path 2 when TTFT is at risk behind that queue; "
+                 "decode: fewest unfinished tokens among workers whose TPOT budget holds",
 }
 CAUSES = ("TTFT queueing", "TTFT execution", "TPOT", "stall", "failed")
 

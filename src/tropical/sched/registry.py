@@ -54,7 +54,7 @@ def _paper_toggle(toggle: ToggleParams) -> ToggleParams:
 PLUS_MECHANISMS: dict[str, Any] = {"chunked": True, "laxity": True, "least_loaded": True}
 """What ``tropical+`` always adds to the paper's toggle (with the per-iteration slack rule)."""
 PLUS_DEFAULTS: dict[str, Any] = {"demote_doomed": True, "prefill_budget": PLUS_PREFILL_BUDGET,
-                                 "spare_finishing": True}
+                                 "spare_finishing": True, "placed_dispatch": True}
 """What ``tropical+`` adds unless its flags say otherwise."""
 
 

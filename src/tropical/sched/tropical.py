@@ -43,8 +43,9 @@ from tropical.sched.next_iteration import NextIteration
 from tropical.sched.path2_floors import chunked_floors
 from tropical.sched.path2_prices import Path2Prices
 from tropical.sched.pending import Pending
+from tropical.sched.placement import placed_choice
 from tropical.sched.policy import Assignment, Policy
-from tropical.sched.prediction import free_at
+from tropical.sched.prediction import free_at, prompt_floors
 from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
@@ -91,7 +92,10 @@ class ToggleParams:
     finished one miss its TTFT SLO (``spare_finishing``; None: the policy's default, on for
     ``tropical+``; Path 2's finish is priced so, each prompt's last iteration only as long as
     its own work, see ``Chunk.finish``), and how many multiplexing workers Path 2 prices per
-    request in a fleet with more of them (``shortlist``, see ``SHORTLIST``)."""
+    request in a fleet with more of them (``shortlist``, see ``SHORTLIST``), and whether Path 1
+    sends a prompt where it would finish soonest at its place in the prefill queue's order
+    (``placed_dispatch``; None: the policy's default, on for ``tropical+``; see ``placement``:
+    the finish checked against the TTFT SLO stays the one behind that worker's whole queue)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -108,6 +112,7 @@ class ToggleParams:
     prefill_budget: int | None = None
     spare_finishing: bool | None = None
     shortlist: int = SHORTLIST
+    placed_dispatch: bool | None = None
 
     def __post_init__(self) -> None:
         if self.shortlist < 2:
@@ -434,13 +439,19 @@ class TropicalPolicy(Policy):
 
     def _path1(self, req: Request, now: float) -> tuple[WorkerState | None, float]:
         """The prefill worker with the earliest predicted finish for ``req`` (or, given the
-        baselines' dispatch, the one with the fewest unfinished tokens), and that finish."""
-        if not self.toggle.least_loaded:
+        baselines' dispatch, the one with the fewest unfinished tokens; given placed dispatch,
+        the earliest finish at its place in the queue), and that finish behind its whole queue."""
+        if not self.toggle.least_loaded and not self.toggle.placed_dispatch:
             best = earliest_finish(req, self._kept, now)
             return (None, math.inf) if best is None else best
-        fleet = self._kept.fleet
-        chosen = (least_work(req, fleet, _PREFILL, self._kept.prefill) if self.toggle.cache_aware
-                  else least_loaded_of(fleet, _PREFILL))
+        kept = self._kept
+        if self.toggle.placed_dispatch:
+            chosen = placed_choice(req, kept.prefill, kept.fleet, kept.latency, now, self.toggle.lookahead,
+                                   self.toggle.shortlist // 2)      # two rankings: as many as Path 2 prices
+        elif self.toggle.cache_aware:
+            chosen = least_work(req, kept.fleet, _PREFILL, kept.prefill)
+        else:
+            chosen = least_loaded_of(kept.fleet, _PREFILL)
         if chosen is None:
             return None, math.inf
         return chosen, free_at(chosen, now) + chosen.prefill_estimate(req)
@@ -633,19 +644,9 @@ def earliest_finish(req: Request, roster: Roster, now: float) -> tuple[WorkerSta
 
 def finish_floors(req: Request, prefill: list[WorkerState], now: float) -> Callable[[WorkerState], float]:
     """For each prefill worker, a floor on when it would finish ``req``'s prompt: when it is
-    free, plus the prompt priced with the fewest new tokens its prefix cache could leave (the
-    fleet's directory says; a prompt costs more the more of it is new). Priced once per count
-    of new tokens and latency model, so that Path 1 prices only the workers that could win."""
-    floors = NewTokenFloors.of(req, prefill)
-    priced: dict[tuple[int, int], float] = {}
-
-    def bound(worker: WorkerState) -> float:
-        key = (floors.at(worker), id(worker.latency))
-        seconds = priced.get(key)
-        if seconds is None:
-            seconds = priced[key] = prefill_time(worker.latency, key[0], req.prompt_len - key[0])
-        return free_at(worker, now) + seconds
-    return bound
+    free, plus the prompt's floor there (``prompt_floors``)."""
+    seconds = prompt_floors(req, prefill)
+    return lambda worker: free_at(worker, now) + seconds(worker)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice, takewhile
+from itertools import accumulate, islice, takewhile
 
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.iterations import prefill_time
@@ -35,9 +35,9 @@ class WorkerState:
     """What the policy sees of a worker and what batch formation consumes.
 
     ``waiting`` changes only through these methods, which count their edits (``queued_costs``
-    keeps its prices until the next one; ``waiting_tokens`` sums their unfinished tokens and
-    ``waiting_prompt`` their prompt tokens still to compute; the last ``_yielded_tail`` of them
-    yielded, and perhaps a few more before those). ``decode_context`` and
+    keeps its prices until the next one, ``work_ahead`` their sums; ``waiting_tokens`` sums
+    their unfinished tokens and ``waiting_prompt`` their prompt tokens still to compute; the last
+    ``_yielded_tail`` of them yielded, and perhaps a few more before those). ``decode_context`` and
     ``decode_peak`` sum the running requests' contexts now and at their longest (``kv_tokens``).
     ``last_chunk`` is the chunk batch formation last cut here: where its next search starts
     (consecutive chunks of a prompt differ by a few tokens). ``catching_up`` holds the requests
@@ -83,6 +83,7 @@ class WorkerState:
     _min_tpot: tuple[int, float] = (-1, math.inf)
     _batch_edits: int = 0
     _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...], int] = (-1, 0, (), 0)
+    _queue_sums: tuple[tuple[tuple[Request, float], ...], list[float], list[float]] = ((), [], [0.0])
     host_load_s: float = 0.0
     _loads_taken: int = 0
 
@@ -281,6 +282,24 @@ class WorkerState:
             behind = limit if len(costs) == limit else len(costs) + 1
             self._priced_queue = (self._queue_edits, limit, costs, behind)
         return costs
+
+    def work_ahead(self, key: float, limit: int) -> float:
+        """Predicted prefill time of the queued prompts a new one whose latest start here is
+        ``key`` would wait for: under laxity order those with less or equal slack, found among
+        the first ``limit`` as ``_laxity_slot`` finds its place (past them, the whole queue);
+        else the whole queue. Sums are kept with ``queued_costs``'s prices."""
+        if not self.rules.laxity:
+            return self.queued_work
+        costs = self.queued_costs(limit)
+        kept, keys, sums = self._queue_sums
+        if kept is not costs:
+            keys = [req.arrival + req.slo.ttft - cost for req, cost in costs]
+            sums = list(accumulate((cost for _, cost in costs), initial=0.0))
+            self._queue_sums = (costs, keys, sums)
+        slot = len(keys)
+        while slot > 0 and keys[slot - 1] > key:
+            slot -= 1
+        return self.queued_work if slot == limit else sums[slot]
 
     def prefill_cost(self, req: Request) -> float:
         """Predicted time of ``req``'s remaining prompt here, cached until its progress changes

@@ -92,13 +92,14 @@ class PooledCluster:
             return 0.0
         return deadline_attainment(self.jobs(rate), self.prefill_speed(rate) / self.workers, servers, quantum)
 
-    def bound_attainment(self, rate: float, preemptive: bool = True) -> float:
+    def bound_attainment(self, rate: float, preemptive: bool = True, soonest: bool = False) -> float:
         """``servers_attainment`` of the k servers with each prompt bound at its arrival to the
-        one with the least work left (see ``core.kserver.bound_attainment``)."""
+        one with the least work left, or where it would start soonest (see
+        ``core.kserver.bound_attainment``)."""
         if rate >= self.bound.rate_rps:
             return 0.0
         return bound_attainment(self.jobs(rate), self.prefill_speed(rate) / self.workers, self.workers,
-                                preemptive)
+                                preemptive, soonest)
 
     def capacity(self, target: float = 0.9, rel_tol: float = 0.02, servers: int = 1) -> float:
         """The pooled bound (one server), or with ``servers`` the k-server bound, in req/s."""
@@ -108,14 +109,17 @@ class PooledCluster:
         """The highest rate (req/s) at which each variant of the k-server ideal meets ``target``
         of TTFT SLOs: the bound itself, its servers never preempting, and each prompt bound at
         its arrival to one server, preempting or not (what a router that binds a prompt to a
-        worker's queue could reach, and one whose workers run each prompt to its end)."""
+        worker's queue could reach, and one whose workers run each prompt to its end), and bound
+        where it would start soonest, never preempted (``tropical+``'s Path 1 placement)."""
         servers = self.workers
         return {"k servers": self.kserver_capacity(target, rel_tol),
                 "k servers, never preempted": self._capacity_of(
                     lambda rate: self.servers_attainment(rate, servers, math.inf), target, rel_tol),
                 "k servers, bound at arrival": self._capacity_of(self.bound_attainment, target, rel_tol),
                 "k servers, bound at arrival, never preempted": self._capacity_of(
-                    lambda rate: self.bound_attainment(rate, preemptive=False), target, rel_tol)}
+                    lambda rate: self.bound_attainment(rate, preemptive=False), target, rel_tol),
+                "k servers, bound where it starts soonest, never preempted": self._capacity_of(
+                    lambda rate: self.bound_attainment(rate, False, soonest=True), target, rel_tol)}
 
     def _capacity_of(self, attained: Callable[[float], float], target: float, rel_tol: float) -> float:
         """The highest rate (req/s) at which ``attained(rate)`` meets ``target``, never past the

@@ -50,11 +50,12 @@ ABLATION: dict[str, dict[str, object]] = {
     "the same + roles both ways": {**PLUS_MECHANISMS, "flex": True},
     "the same + demotion": {**PLUS_MECHANISMS, "demote_doomed": True},
     f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False},
-    "the same + finishing prompts spared a later prompt's chunk (tropical+)": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS},
-    "tropical+, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
-                                               "cache_aware": False},
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False, "placed_dispatch": False},
+    "the same + finishing prompts spared a later prompt's chunk": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False},
+    "the same, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
+                                              "placed_dispatch": False, "cache_aware": False},
+    "the same + Path 1 by place in the queue (tropical+)": {**PLUS_MECHANISMS, **PLUS_DEFAULTS},
 }
 """Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` (the
 registry's ``PLUS_MECHANISMS`` and ``PLUS_DEFAULTS``) and beyond it."""

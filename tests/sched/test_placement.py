@@ -38,9 +38,11 @@ def test_an_urgent_prompt_goes_where_it_starts_soonest_a_relaxed_one_where_the_q
     soon, late = workers = two_queues()
     urgent, relaxed = make_request(10, prompt=100, ttft=1.0), make_request(11, prompt=100, ttft=100.0)
     assert least_work(urgent, workers, _PREFILL) is late        # the baselines' dispatch
-    assert placed_choice(urgent, workers, workers, soon.latency, 0.0, 64, 4) is soon
+    chosen = placed_choice(urgent, workers, workers, soon.latency, 0.0, 64, 4)
+    assert chosen == (soon, soon.prefill_estimate(urgent))
     assert placed_finish(urgent, soon, 0.0, 64) == pytest.approx(0.5 + soon.prefill_estimate(urgent))
-    assert placed_choice(relaxed, workers, workers, soon.latency, 0.0, 64, 4) is late
+    chosen = placed_choice(relaxed, workers, workers, soon.latency, 0.0, 64, 4)
+    assert chosen == (late, late.prefill_estimate(relaxed))
     behind_all = free_at(soon, 0.0) + soon.prefill_estimate(relaxed)
     assert placed_finish(relaxed, soon, 0.0, 64) == pytest.approx(behind_all)
 
@@ -83,10 +85,12 @@ def test_a_large_fleet_s_choice_keeps_the_soonest_free_and_the_soonest_through_i
     def finish(w: WorkerState) -> float:
         return placed_finish(req, w, 0.0, 64)
 
-    chosen = placed_choice(req, live, workers, live[0].latency, 0.0, 64, 2)
-    assert chosen is not None
+    placed = placed_choice(req, live, workers, live[0].latency, 0.0, 64, 2)
+    assert placed is not None
+    chosen, own = placed
+    assert own == chosen.prefill_estimate(req)
     soonest_free = min(live, key=lambda w: (max(0.0, w.busy_until), w.id))
     soonest_through = min(live, key=lambda w: (free_at(w, 0.0), w.id))
     assert finish(chosen) <= min(finish(soonest_free), finish(soonest_through))
     every = placed_choice(req, live, workers, live[0].latency, 0.0, 64, n)
-    assert every is min(live, key=lambda w: (finish(w), w.id))
+    assert every is not None and every[0] is min(live, key=lambda w: (finish(w), w.id))

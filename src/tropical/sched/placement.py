@@ -17,31 +17,33 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
-from tropical.sched.dispatch import NewTokenFloors
 from tropical.sched.load_index import fleet_index
-from tropical.sched.prediction import prompt_floors
+from tropical.sched.prediction import prompt_floor_vector, prompt_floors
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
 
 _PREFILL = (Role.PREFILL,)
 
 
-def placed_finish(req: Request, worker: WorkerState, now: float, lookahead: int) -> float:
+def placed_finish(req: Request, worker: WorkerState, now: float, lookahead: int,
+                  own: float | None = None) -> float:
     """When ``worker`` would finish ``req``'s prompt queued at its place there (see
-    ``WorkerState.work_ahead``), after the iteration in flight."""
-    own = worker.prefill_estimate(req)
+    ``WorkerState.work_ahead``), after the iteration in flight; ``own``: the prompt's time
+    there, if priced already."""
+    if own is None:
+        own = worker.prefill_estimate(req)
     ahead = worker.work_ahead(req.arrival + req.slo.ttft - own, lookahead)
     return max(now, worker.busy_until) + ahead + own
 
 
 def placed_choice(req: Request, prefill: list[WorkerState], fleet: Sequence[WorkerState],
                   latency: LatencyModel | None, now: float, lookahead: int,
-                  size: int) -> WorkerState | None:
+                  size: int) -> tuple[WorkerState, float] | None:
     """The prefill worker of ``prefill`` (live, of ``fleet``) where ``req`` would finish soonest
-    at its place in the queue (lowest id breaks ties), or None if there is none. Beyond
+    at its place in the queue (lowest id breaks ties), with the prompt's own time there (the
+    caller prices its finish behind the whole queue with it), or None if there is none. Beyond
     ``2 × size`` workers only ``size`` of those whose iteration in flight ends soonest and
     ``size`` of those whose whole queue does are priced in full (each ranked by a floor: the
     prompt's fewest new tokens there), so that a choice prices as many at a thousand workers as
@@ -49,8 +51,14 @@ def placed_choice(req: Request, prefill: list[WorkerState], fleet: Sequence[Work
     99.8% and 96.8% of SLOs, 4 + 4 99.7% and 97.3%, all 32 99.7% and 97.5%, and the least
     loaded (no placement) 99.6% and 89.5%."""
     candidates = _shortlist(req, prefill, fleet, latency, now, size)
-    priced = [(placed_finish(req, w, now, lookahead), w.id, w) for w in candidates]
-    return min(priced)[2] if priced else None
+    priced: list[tuple[float, int, WorkerState, float]] = []
+    for w in candidates:
+        own = w.prefill_estimate(req)
+        priced.append((placed_finish(req, w, now, lookahead, own), w.id, w, own))
+    if not priced:
+        return None
+    _, _, chosen, own = min(priced)
+    return chosen, own
 
 
 def _shortlist(req: Request, prefill: list[WorkerState], fleet: Sequence[WorkerState],
@@ -71,9 +79,7 @@ def _shortlist(req: Request, prefill: list[WorkerState], fleet: Sequence[WorkerS
             _kept((at + w.queued_work, place), through, size)
         return [prefill[place] for place in sorted({place for _, place in free + through})]
     ids = index.live_ids(_PREFILL)
-    prompt = req.prompt_len
-    seconds = NewTokenFloors.of(req, prefill).vector(
-        len(fleet), lambda tokens: prefill_time(latency, tokens, prompt - tokens))
+    seconds = prompt_floor_vector(req, prefill, len(fleet), latency)
     free_v = np.maximum(now, index.busy_until[ids]) + seconds[ids]
     through_v = free_v + index.queued_work[ids]
     chosen = set(ids[free_v.argpartition(size - 1)[:size]].tolist())

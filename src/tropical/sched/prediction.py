@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from tropical.core.latency.iterations import prefill_time
+from tropical.core.latency.model import LatencyModel
 from tropical.core.request import Request
 from tropical.sched.dispatch import NewTokenFloors
 from tropical.sched.worker import WorkerState
@@ -30,3 +33,12 @@ def prompt_floors(req: Request, prefill: list[WorkerState]) -> Callable[[WorkerS
             seconds = priced[key] = prefill_time(worker.latency, key[0], req.prompt_len - key[0])
         return seconds
     return floor
+
+
+def prompt_floor_vector(req: Request, prefill: list[WorkerState], size: int,
+                        latency: LatencyModel) -> np.ndarray:
+    """``prompt_floors`` of every worker of a fleet of ``size`` whose prefill workers share
+    ``latency``, by id, in vector form (``NewTokenFloors.vector``: priced once per level)."""
+    prompt = req.prompt_len
+    return NewTokenFloors.of(req, prefill).vector(
+        size, lambda tokens: prefill_time(latency, tokens, prompt - tokens))

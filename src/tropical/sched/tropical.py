@@ -16,14 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
-from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
 from tropical.sched.baselines import split_roles
 from tropical.sched.chunk import Chunk, Lineup
 from tropical.sched.dispatch import (
-    NewTokenFloors,
     by_cost,
     by_load,
     cheapest,
@@ -45,7 +43,7 @@ from tropical.sched.path2_prices import Path2Prices
 from tropical.sched.pending import Pending
 from tropical.sched.placement import placed_choice
 from tropical.sched.policy import Assignment, Policy
-from tropical.sched.prediction import free_at, prompt_floors
+from tropical.sched.prediction import free_at, prompt_floor_vector, prompt_floors
 from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import BatchRules, Role
@@ -446,9 +444,10 @@ class TropicalPolicy(Policy):
             return (None, math.inf) if best is None else best
         kept = self._kept
         if self.toggle.placed_dispatch:
-            chosen = placed_choice(req, kept.prefill, kept.fleet, kept.latency, now, self.toggle.lookahead,
+            placed = placed_choice(req, kept.prefill, kept.fleet, kept.latency, now, self.toggle.lookahead,
                                    self.toggle.shortlist // 2)      # two rankings: as many as Path 2 prices
-        elif self.toggle.cache_aware:
+            return (None, math.inf) if placed is None else (placed[0], free_at(placed[0], now) + placed[1])
+        if self.toggle.cache_aware:
             chosen = least_work(req, kept.fleet, _PREFILL, kept.prefill)
         else:
             chosen = least_loaded_of(kept.fleet, _PREFILL)
@@ -635,9 +634,7 @@ def earliest_finish(req: Request, roster: Roster, now: float) -> tuple[WorkerSta
     if index is None or roster.latency is None:
         return cheapest(prefill, finish_floors(req, prefill, now), cost)
     ids = index.live_ids(_PREFILL)
-    latency, prompt = roster.latency, req.prompt_len
-    seconds = NewTokenFloors.of(req, prefill).vector(
-        len(workers), lambda tokens: prefill_time(latency, tokens, prompt - tokens))
+    seconds = prompt_floor_vector(req, prefill, len(workers), roster.latency)
     bounds = index.free_at(ids, now) + seconds[ids]
     return cheapest_of(with_workers(ascending(bounds, ids), workers), cost)
 

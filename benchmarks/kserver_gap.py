@@ -20,14 +20,19 @@ For each trace (the paper cluster, the preset SLOs):
     own prefill, so a short prompt queued behind long ones misses first; the ideals serve the
     earliest deadline first, preempting),
   - over the run: the miss rate in each tenth of the arrivals, each worker's busy share of the
-    run (its last finish) and the prefix hit rate beside the ideal cache's that the bounds assume;
+    run (its last finish), the share it spent in iterations that prefill and how many prompt
+    tokens it computed per second in them (a multiplexing worker's chunks, sized to a TPOT SLO,
+    prefill slower than a prefill worker's batches), and the prefix hit rate beside the ideal
+    cache's that the bounds assume;
   - against part of the ideal: the TTFT attainment of 1, 2, ... k ideal servers at one worker's
     speed each, of k servers that preempt a prompt only after ``--quantum`` seconds (one
     iteration of a serving engine), of k that never preempt, of k with each prompt bound at its
     arrival to the server with the least work left (as a router binds it to a worker's queue),
-    preempting or not, and how many ideal servers `tropical+`'s TTFT attainment is worth
-    (interpolated between whole servers): the share of the fleet it serves prompts with, as the
-    ideal would.
+    preempting or not, of k with each prompt bound where it starts soonest, never preempted,
+    also with each server at its worker's measured prefill speed (what the multiplexing
+    workers' slower chunks alone cost the ideal), and how many ideal servers `tropical+`'s TTFT
+    attainment is worth (interpolated between whole servers): the share of the fleet it serves
+    prompts with, as the ideal would.
 
     .venv/bin/python benchmarks/kserver_gap.py --traces synthetic,azure-code [--json]
 """
@@ -48,6 +53,7 @@ from tropical.report.tables import render
 from tropical.sim.build import experiment
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
 from tropical.sim.run import simulate
+from tropical.sim.simulator import WorkerStats
 from tropical.sim.sweep import capacities
 
 LOAD_BINS = ((0.0, 0.5), (0.5, 1.0), (1.0, 2.0), (2.0, float("inf")))
@@ -109,6 +115,7 @@ def decompose(pooled: PooledCluster, rate: float, window: float, quantum: float)
     span = max(r.finish or r.arrival for r in requests)
     ideal = [pooled.servers_attainment(rate, count) for count in range(1, pooled.workers + 1)]
     in_time = sum(r.first_token is not None and ttft(r) <= r.slo.ttft for r in requests) / len(requests)
+    shares = speed_shares(run.worker_stats)
     return {
         "rate_rps": rate,
         "kserver_ttft_attainment": ideal[-1],
@@ -121,6 +128,9 @@ def decompose(pooled: PooledCluster, rate: float, window: float, quantum: float)
         "kserver_bound_no_preemption_ttft_attainment": pooled.bound_attainment(rate, preemptive=False),
         "kserver_soonest_no_preemption_ttft_attainment": pooled.bound_attainment(rate, preemptive=False,
                                                                                  soonest=True),
+        "speed_shares": shares,
+        "kserver_soonest_measured_speeds_ttft_attainment": None if shares is None else
+        pooled.bound_attainment(rate, preemptive=False, soonest=True, shares=shares),
         "ttft_attainment": in_time, "worth_servers": worth_servers(in_time, ideal),
         "attainment": run.summary.attainment, "stream_attainment": run.summary.stream_attainment,
         "causes": {c: causes[c] / len(requests) for c in CAUSES},
@@ -130,10 +140,20 @@ def decompose(pooled: PooledCluster, rate: float, window: float, quantum: float)
         "by_tenth": by_tenth(requests),
         "span_s": span,
         "last_arrival_s": max(r.arrival for r in requests),
-        "busy": [{"role": role.value, "busy": s.busy / span, "prompt_tokens": s.prompt_tokens}
+        "busy": [{"role": role.value, "busy": s.busy / span, "prompt_tokens": s.prompt_tokens,
+                  "prefill_busy": s.prefill_busy / span,
+                  "prefill_rate": s.prefill_tokens / s.prefill_busy if s.prefill_busy else 0.0}
                  for role, s in zip(run.roles, run.worker_stats, strict=True)],
         "prefix_hit_rate": run.summary.prefix_hit_rate,
     }
+
+
+def speed_shares(stats: Sequence[WorkerStats]) -> list[float] | None:
+    """Each worker's prompt tokens per second in its iterations that prefill, as a share of the
+    fastest worker's (None if a worker never prefilled): the speeds at which ideal servers serve
+    prompts as these workers did."""
+    rates = [s.prefill_tokens / s.prefill_busy if s.prefill_busy else 0.0 for s in stats]
+    return None if min(rates) <= 0 else [rate / max(rates) for rate in rates]
 
 
 def by_length(requests: Sequence[Request]) -> list[dict]:
@@ -215,8 +235,10 @@ def decomposed_markdown(label: str, at: dict) -> str:
              + ", ".join(f"{m:.0%}" for m in at["by_tenth"])
              + f"; last finish {at['span_s']:.0f} s after the first arrival, last arrival "
              f"{at['last_arrival_s']:.0f} s; prefix hit rate {at['prefix_hit_rate']:.1%}; busy share of "
-             "the run by worker: "
-             + ", ".join(f"{i} ({w['role']}) {w['busy']:.0%}" for i, w in enumerate(at["busy"])) + ".", "",
+             "the run by worker, with the share in iterations that prefill and the prompt tokens "
+             "computed per second in those: "
+             + ", ".join(f"{i} ({w['role']}) {w['busy']:.0%} ({w['prefill_busy']:.0%}, "
+                         f"{w['prefill_rate']:,.0f}/s)" for i, w in enumerate(at["busy"])) + ".", "",
              "Against part of the ideal (TTFT SLOs met):", "",
              render(["ideal", "TTFT attainment"], ideal_rows(at)), "",
              f"`tropical+` meets {at['ttft_attainment']:.1%} of TTFT SLOs: what "
@@ -238,7 +260,11 @@ def ideal_rows(at: dict) -> list[list[str]]:
                    [f"{len(ideal)} servers, bound at arrival, never preempted",
                     f"{at['kserver_bound_no_preemption_ttft_attainment']:.1%}"],
                    [f"{len(ideal)} servers, bound where it starts soonest, never preempted",
-                    f"{at['kserver_soonest_no_preemption_ttft_attainment']:.1%}"]]
+                    f"{at['kserver_soonest_no_preemption_ttft_attainment']:.1%}"]] + (
+        [] if at["speed_shares"] is None else
+        [["the same, each server at its worker's measured prefill speed ("
+          + ", ".join(f"{share:.2f}" for share in at["speed_shares"]) + ")",
+          f"{at['kserver_soonest_measured_speeds_ttft_attainment']:.1%}"]])
 
 
 def main() -> None:

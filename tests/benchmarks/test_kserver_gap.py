@@ -14,6 +14,15 @@ def test_an_attainment_is_worth_the_ideal_servers_around_it_interpolated():
     assert gap.worth_servers(0.9, [0.9, 0.9]) == 1.0                # a flat step: the fewest servers
 
 
+def test_speed_shares_are_each_worker_s_prefill_rate_over_the_fastest():
+    from tropical.sim.simulator import WorkerStats
+
+    stats = [WorkerStats(busy=10.0, prefill_busy=4.0, prefill_tokens=40_000),
+             WorkerStats(busy=10.0, prefill_busy=2.0, prefill_tokens=10_000)]
+    assert gap.speed_shares(stats) == [1.0, 0.5]
+    assert gap.speed_shares([*stats, WorkerStats(busy=3.0)]) is None
+
+
 def test_the_decomposition_sets_the_policy_beside_part_of_the_ideal():
     from tropical.config import SimConfig
     from tropical.sim.build import experiment
@@ -27,8 +36,12 @@ def test_the_decomposition_sets_the_policy_beside_part_of_the_ideal():
     assert 0.0 <= at["worth_servers"] <= pooled.workers
     assert at["ttft_attainment"] >= at["attainment"]
     assert 0.0 <= at["kserver_bound_no_preemption_ttft_attainment"] <= 1.0
+    shares = at["speed_shares"]
+    assert len(shares) == pooled.workers and max(shares) == 1.0 and min(shares) > 0
+    assert 0.0 <= at["kserver_soonest_measured_speeds_ttft_attainment"] <= 1.0
     text = gap.decomposed_markdown("a rate", at)
     assert "never preempted" in text and "bound at arrival, never preempted" in text
+    assert "measured prefill speed (" + ", ".join(f"{share:.2f}" for share in shares) in text
     study = {"trace": "azure-code", "requests": 300, "workers": pooled.workers, "bound_rps": 9.0,
              "pooled_bound_rps": 4.0, "kserver_bound_rps": 4.0, "ideal_prefix_hit_rate": 0.0,
              "capacity_rps": {"tropical+": 2.0}, "decomposed": {},

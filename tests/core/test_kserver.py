@@ -115,6 +115,35 @@ def test_one_bound_server_is_the_one_ideal_server(raw, speed):
     assert bound_attainment(jobs, speed, 1, preemptive=False) == deadline_attainment(jobs, speed, 1, math.inf)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0.01, 5), st.floats(0.01, 20)),
+                min_size=1, max_size=30), st.floats(0.2, 4), st.integers(1, 4), st.booleans(),
+       st.booleans())
+def test_servers_at_a_full_share_of_the_speed_are_the_ideal_as_it_was(raw, speed, servers, preemptive,
+                                                                     soonest):
+    jobs = [(arrival, work, arrival + slack) for arrival, work, slack in raw]
+    assert (bound_attainment(jobs, speed, servers, preemptive, soonest, [1.0] * servers)
+            == bound_attainment(jobs, speed, servers, preemptive, soonest))
+
+
+def test_a_server_at_half_the_speed_takes_twice_as_long_and_is_passed_over_when_idle():
+    # two idle servers, the second twice as fast: the soonest binding gives it the urgent job
+    # (done at 1, where the other would finish it at 2, past its deadline); the other job
+    # finishes at 2 either way. At half speed every job takes 4 s and both miss.
+    jobs = [(0.0, 2.0, 1.2), (0.0, 2.0, 2.5)]
+    assert bound_attainment(jobs, 1.0, 2, soonest=True, shares=[1.0, 2.0]) == 1.0
+    assert bound_attainment(jobs, 1.0, 2, soonest=True, shares=[0.5, 0.5]) == 0.0
+    assert bound_attainment([(0.0, 1.0, 1.5)], 1.0, 1, shares=[0.5]) == 0.0
+    assert bound_attainment([(0.0, 1.0, 2.0)], 1.0, 1, shares=[0.5]) == 1.0
+
+
+def test_speed_shares_are_one_positive_share_per_server():
+    with pytest.raises(ValueError, match=r"one positive speed share per server \(2\), got \[1.0\]"):
+        bound_attainment([(0.0, 1.0, 1.0)], 1.0, 2, shares=[1.0])
+    with pytest.raises(ValueError, match="positive speed share"):
+        bound_attainment([(0.0, 1.0, 1.0)], 1.0, 2, shares=[1.0, 0.0])
+
+
 def test_the_ideals_capacities_fall_as_they_bind_prompts_and_stop_preempting():
     """A long prompt every fourth arrival: short prompts behind one it runs to its end miss."""
     entries = [TraceEntry(i * 0.5, 16000 if i % 4 == 0 else 300, 20) for i in range(160)]

@@ -120,6 +120,21 @@ def test_disagg_pays_the_kv_transfer_before_decoding():
     assert sim.stats[req.decode_worker].iterations == 2
 
 
+def test_a_worker_s_prefill_time_counts_the_iterations_that_compute_prompt_tokens():
+    """Under disaggregation a prefill worker's busy time is all prefill and a decode worker's
+    none; on a colocated worker it is the prompt's iteration alone, not its decodes."""
+    model = linear_model()
+    requests = [make_request(i, arrival=5.0 * i, prompt=1000, output=3) for i in range(2)]
+    sim = run("disagg", requests)
+    for stats in sim.stats[:2]:
+        assert stats.prefill_busy == pytest.approx(stats.busy)
+    assert sum(s.prefill_busy for s in sim.stats[:2]) == pytest.approx(2 * prefill_time(model, 1000))
+    assert all(s.prefill_busy == 0 for s in sim.stats[2:]) and any(s.busy for s in sim.stats[2:])
+    sim = run("colocated", [make_request(prompt=1000, output=4)])
+    assert sim.stats[0].prefill_busy == pytest.approx(prefill_time(model, 1000))
+    assert sim.stats[0].prefill_busy < sim.stats[0].busy
+
+
 def test_request_larger_than_any_kv_cache_fails_with_a_reason():
     req = make_request(prompt=60_000, output=5)
     ok = make_request(1, prompt=100, output=5)

@@ -68,7 +68,7 @@ def deadline_attainment(jobs: Sequence[Job], speed: float, servers: int = 1, qua
 
 
 def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive: bool = True,
-                     soonest: bool = False) -> float:
+                     soonest: bool = False, shares: Sequence[float] | None = None) -> float:
     """``deadline_attainment`` with every job bound at its arrival to the server with the least
     work left (its queue and the job it runs; lowest index breaks ties), as a router binds a
     prompt to one worker's queue, each server serving its own jobs earliest deadline first,
@@ -76,20 +76,28 @@ def bound_attainment(jobs: Sequence[Job], speed: float, servers: int, preemptive
     server from the job running there, else it waits for that job's end; ``soonest``: bound
     instead where it would start soonest, after only the work that goes ahead of it there (the
     job running, unless it preempts it, and the queued jobs with earlier deadlines), as
-    ``tropical+``'s Path 1 places a prompt by laxity (``sched.placement``)."""
+    ``tropical+``'s Path 1 places a prompt by laxity (``sched.placement``); ``shares``: each
+    server's speed as a share of ``speed`` (1 each by default), as a multiplexing worker's
+    TPOT-sized chunks prefill slower than a prefill worker's batches. Least work and soonest
+    are then measured in time: work left over speed, and the start plus the job's own time."""
     _check(jobs, servers)
+    scale = [1.0] * servers if shares is None else list(shares)
+    if len(scale) != servers or min(scale) <= 0:
+        raise ValueError(f"bound attainment needs one positive speed share per server "
+                         f"({servers}), got {scale}")
     if speed <= 0:
         return 0.0
     order = sorted(jobs)
     left = [work for _, work, _ in order]
-    fleet = [_BoundServer(left, speed) for _ in range(servers)]
+    fleet = [_BoundServer(left, speed * share) for share in scale]
     for i, (arrival, work, deadline) in enumerate(order):
         for server in fleet:
             server.advance(arrival)
         if soonest:
-            chosen = min(range(servers), key=lambda s: (fleet[s].start_of(deadline, i, preemptive), s))
+            chosen = min(range(servers), key=lambda s: (fleet[s].start_of(deadline, i, preemptive)
+                                                        + work / fleet[s].speed, s))
         else:
-            chosen = min(range(servers), key=lambda s: fleet[s].work)
+            chosen = min(range(servers), key=lambda s: fleet[s].work / fleet[s].speed)
         fleet[chosen].take(deadline, i, work, preemptive)
     for server in fleet:
         server.advance(math.inf)

@@ -16,7 +16,7 @@ rather than proofs: deadline order does not always meet the most deadlines.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tropical.core.capacity import find_capacity
@@ -92,14 +92,15 @@ class PooledCluster:
             return 0.0
         return deadline_attainment(self.jobs(rate), self.prefill_speed(rate) / self.workers, servers, quantum)
 
-    def bound_attainment(self, rate: float, preemptive: bool = True, soonest: bool = False) -> float:
+    def bound_attainment(self, rate: float, preemptive: bool = True, soonest: bool = False,
+                         shares: Sequence[float] | None = None) -> float:
         """``servers_attainment`` of the k servers with each prompt bound at its arrival to the
-        one with the least work left, or where it would start soonest (see
-        ``core.kserver.bound_attainment``)."""
+        one with the least work left, or where it would start soonest, each server at its share
+        of one worker's speed (see ``core.kserver.bound_attainment``)."""
         if rate >= self.bound.rate_rps:
             return 0.0
         return bound_attainment(self.jobs(rate), self.prefill_speed(rate) / self.workers, self.workers,
-                                preemptive, soonest)
+                                preemptive, soonest, shares)
 
     def capacity(self, target: float = 0.9, rel_tol: float = 0.02, servers: int = 1) -> float:
         """The pooled bound (one server), or with ``servers`` the k-server bound, in req/s."""

@@ -98,6 +98,7 @@ class SimResult:
             "prefix_note": prefix_note(self.experiment),
             "workers": [
                 {"role": role.value, "busy_fraction": s.busy / span,
+                 "prefill_busy_fraction": s.prefill_busy / span,
                  "iterations": s.iterations, "prefill_tokens": s.prefill_tokens,
                  "prefix_hit_rate": s.prefix_hit_rate}
                 for role, s in zip(self.roles, self.worker_stats, strict=True)

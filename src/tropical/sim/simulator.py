@@ -55,9 +55,12 @@ class Flight:
 
 @dataclass(slots=True)
 class WorkerStats:
-    """Per-worker accounting for reports."""
+    """Per-worker accounting for reports; ``prefill_busy``: the seconds of iterations that
+    computed prompt tokens (``prefill_tokens`` over it is how fast the worker prefills while it
+    does, which a multiplexing worker's TPOT-sized chunks slow)."""
 
     busy: float = 0.0
+    prefill_busy: float = 0.0
     iterations: int = 0
     prefill_tokens: int = 0
     prompt_tokens: int = 0
@@ -252,8 +255,9 @@ class Simulator:
         stats.iterations += 1 if run is None else run.steps
         steps, first, growth = ((1, 0.0, 0.0) if run is None else
                                 (run.steps - flight.booked, run.iteration(flight.booked + 1), run.growth))
-        if run is None:
+        if run is None and flight.batch.prefills:
             stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
+            stats.prefill_busy += flight.end - flight.start
         started = time.perf_counter()
         booking = self.cluster.book(worker_id, flight.batch, self.now, steps, first=first, growth=growth)
         self.end_s.append(time.perf_counter() - started)

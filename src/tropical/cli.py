@@ -75,8 +75,12 @@ POLICY_HELP = {
                  f"default {SHORTLIST})",
     "chunked_multiplex": "true: multiplexing workers take prompts in chunks sized to each iteration's "
                          "TPOT slack (tropical)",
-    "laxity": "true: prefill queues ordered by latest feasible start instead of arrival; under "
-              "chunked multiplexing the multiplexing workers' queues too (tropical)",
+    "laxity": "true: prefill queues ordered by urgency (see --size-weight) instead of arrival; "
+              "under chunked multiplexing the multiplexing workers' queues too (tropical)",
+    "size_weight": "under laxity order, a prompt's queue key is its TTFT deadline plus this times "
+                   "its predicted prefill: -1 orders by latest feasible start (the paper's), 0 by "
+                   "deadline, above 0 shorter prompts first among near deadlines (default: 2 for "
+                   "tropical+, -1 for tropical)",
     "least_loaded": "true: Path 1 picks the prefill worker with the fewest unfinished tokens (the "
                     "baselines' dispatch) instead of the earliest predicted finish (tropical)",
     "correct_predictions": "true: each worker's latency predictions are corrected online by the "

@@ -38,9 +38,9 @@ class PolicyConfig:
     """The policy and its knobs: batch limits, and the toggle's role split, KV watermark, slack
     rule, look-ahead, demotion of doomed requests, chunked multiplexing, laxity order, Path 1's
     dispatch, online correction of predictions, roles both ways, banked slack in bursts, the
-    prefill workers' batch and whether multiplexing workers spare the prompts an iteration
-    finishes; and, for every policy, which requests to refuse before any work
-    (``admission``, see ``sched.rejection``)."""
+    prefill workers' batch, whether multiplexing workers spare the prompts an iteration
+    finishes and how a prompt's own prefill weighs in its queue key; and, for every policy,
+    which requests to refuse before any work (``admission``, see ``sched.rejection``)."""
 
     policy: str = "tropical"
     prefill_workers: int | None = None
@@ -61,6 +61,7 @@ class PolicyConfig:
     spare_finishing: bool | None = None
     shortlist: int = SHORTLIST
     placed_dispatch: bool | None = None
+    size_weight: float | None = None
     kv_overlap_weight: float = OVERLAP_WEIGHT
     admission: str = "none"
 
@@ -75,7 +76,7 @@ class PolicyConfig:
                               flex=self.roles_both_ways, burst=self.burst_multiplex,
                               prefill_budget=self.prefill_batch_tokens,
                               spare_finishing=self.spare_finishing, shortlist=self.shortlist,
-                              placed_dispatch=self.placed_dispatch)
+                              placed_dispatch=self.placed_dispatch, size_weight=self.size_weight)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
                             self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 

@@ -36,7 +36,7 @@ def two_queues() -> list[WorkerState]:
 
 def test_an_urgent_prompt_goes_where_it_starts_soonest_a_relaxed_one_where_the_queue_ends():
     soon, late = workers = two_queues()
-    urgent, relaxed = make_request(10, prompt=100, ttft=1.0), make_request(11, prompt=100, ttft=100.0)
+    urgent, relaxed = make_request(10, prompt=100, ttft=1.0), make_request(11, prompt=100, ttft=200.0)
     assert least_work(urgent, workers, _PREFILL) is late        # the baselines' dispatch
     chosen = placed_choice(urgent, workers, workers, soon.latency, 0.0, 64, 4)
     assert chosen == (soon, soon.prefill_estimate(urgent))

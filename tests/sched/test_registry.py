@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tropical.config import SimConfig
 from tropical.sched.pools import PooledPolicy
-from tropical.sched.registry import PLUS_PREFILL_BUDGET, make_policy, policy_names
-from tropical.sched.rules import Role
+from tropical.sched.registry import PLUS_PREFILL_BUDGET, PLUS_SIZE_WEIGHT, make_policy, policy_names
+from tropical.sched.rules import LATEST_START, BatchRules, Role
 from tropical.sched.tropical import ToggleParams, TropicalPolicy
 from tropical.sim.reproduce import BASELINES, baselines, best_of, policies
 
@@ -61,6 +63,22 @@ def test_tropical_plus_spares_finishing_prompts_by_default_and_the_papers_toggle
     assert make_policy("tropical", SimConfig(spare_finishing=True).policy_params()).rules(
         Role.MULTIPLEX).spare_finishing
     assert not plus.rules(Role.PREFILL).spare_finishing
+
+
+def test_tropical_plus_queues_by_deadline_and_size_by_default_and_the_papers_toggle_by_latest_start() -> None:
+    for role in (Role.PREFILL, Role.MULTIPLEX):
+        assert make_policy("tropical+").rules(role).size_weight == PLUS_SIZE_WEIGHT
+        assert make_policy("tropical").rules(role).size_weight == LATEST_START
+        deadline_first = make_policy("tropical+", SimConfig(size_weight=0.0).policy_params())
+        assert deadline_first.rules(role).size_weight == 0.0
+
+
+@pytest.mark.parametrize("weight", [-1.5, math.nan, math.inf])
+def test_a_size_weight_below_latest_start_or_not_a_number_is_named(weight: float) -> None:
+    with pytest.raises(ValueError, match="size_weight must be a number of at least -1"):
+        SimConfig(size_weight=weight).policy_params()
+    with pytest.raises(ValueError, match="size_weight must be a number of at least -1"):
+        BatchRules(laxity=True, size_weight=weight)
 
 
 def test_the_papers_toggle_keeps_its_own_defaults() -> None:

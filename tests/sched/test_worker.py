@@ -165,6 +165,42 @@ def test_laxity_queues_least_ttft_slack_first_but_never_ahead_of_the_running_bat
     assert [r.id for r in worker.waiting] == [0, 1, 3, 2]
 
 
+@pytest.mark.parametrize(("weight", "short_ttft", "long_ttft", "order"), [
+    (-1.0, 5.0, 5.5, [1, 0]),       # the long prompt must start first: latest start first
+    (0.0, 5.0, 5.5, [0, 1]),        # the short one is due first: deadline first
+    (0.0, 5.5, 5.0, [1, 0]),
+    (2.0, 5.5, 5.0, [0, 1]),        # due later, but the long one's own time outweighs it
+])
+def test_the_size_weight_sets_how_a_prompt_s_own_time_moves_it_back(weight, short_ttft, long_ttft, order):
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True, size_weight=weight))
+    short, long = make_request(0, prompt=100, ttft=short_ttft), make_request(1, prompt=8_000, ttft=long_ttft)
+    assert worker.prefill_cost(long) > 0.5 + worker.prefill_cost(short)
+    for req in (short, long):
+        worker.enqueue(req)
+    assert [r.id for r in worker.waiting] == order
+    for req in (short, long):
+        cost = worker.prefill_cost(req)
+        assert worker.queue_key(req) == pytest.approx(req.arrival + req.slo.ttft + weight * cost)
+
+
+@pytest.mark.parametrize("weight", [-1.0, 0.0, 2.0])
+def test_work_ahead_follows_the_queue_key_a_new_prompt_is_placed_by(weight):
+    from tropical.sched.rules import BatchRules
+
+    worker = make_worker(Role.PREFILL, rules=BatchRules(prefill_first=True, laxity=True, size_weight=weight))
+    for i, (prompt, ttft) in enumerate(((2_000, 3.0), (100, 2.0), (4_000, 6.0), (500, 4.0))):
+        worker.enqueue(make_request(i, prompt=prompt, ttft=ttft))
+    for j, (prompt, ttft) in enumerate(((300, 2.5), (6_000, 5.0), (50, 9.0))):
+        new = make_request(10 + j, prompt=prompt, ttft=ttft)
+        ahead = worker.work_ahead(worker.key_of(new, worker.prefill_cost(new)), 64)
+        worker.enqueue(new)
+        place = list(worker.waiting).index(new)
+        assert ahead == pytest.approx(sum(worker.prefill_cost(r) for r in list(worker.waiting)[:place]))
+        worker.abort(new)
+
+
 def test_queued_costs_follow_every_change_of_the_queue():
     from tropical.sched.batching import form_batch
     from tropical.sched.rules import BatchRules
@@ -345,9 +381,9 @@ def test_a_request_catching_up_is_forgotten_when_it_leaves(leaves):
 
 def _scanned_slot(worker, req) -> int:
     """Where laxity order puts ``req``, read from the back one prompt at a time."""
-    key, slot = worker.latest_start(req), len(worker.waiting)
+    key, slot = worker.queue_key(req), len(worker.waiting)
     for queued in reversed(worker.waiting):
-        if slot <= worker.batch_prefills or worker.latest_start(queued) <= key:
+        if slot <= worker.batch_prefills or worker.queue_key(queued) <= key:
             break
         slot -= 1
     return slot

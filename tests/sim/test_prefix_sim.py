@@ -31,10 +31,11 @@ PUBLISHED = {"chunked-512": "5787bd1fa8249636", "disagg": "0f909e859d288ca8",
 to the microsecond, hashed: as measured before prefix caching existed (at 9d69b00, whose exact
 times hashed as they did then, these hashes were taken; booking decode runs lazily since moves
 the times in their last bits, never a decision). ``tropical+`` as it was then: it has demoted
-doomed prompts, batched 1,024 prompt tokens per prefill iteration and placed each prompt by its
-place in the prefill queues by default since."""
+doomed prompts, batched 1,024 prompt tokens per prefill iteration, placed each prompt by its
+place in the prefill queues and queued prompts by deadline plus twice their prefill by default
+since."""
 AS_PUBLISHED: dict[str, Any] = {"demote_doomed": False, "prefill_batch_tokens": 4096,
-                                "placed_dispatch": False}
+                                "placed_dispatch": False, "size_weight": -1.0}
 
 
 def _microseconds(t: float | None) -> float | None:

@@ -105,8 +105,8 @@ class Lineup:
     @classmethod
     def of(cls, worker: WorkerState, queue: Sequence[Request], carried: Sequence[tuple[Request, int]],
            laxity: bool) -> Lineup:
-        order = sorted(queue, key=worker.latest_start) if laxity else list(queue)
-        keys = [worker.latest_start(req) for req in order] if laxity else []
+        order = sorted(queue, key=worker.queue_key) if laxity else list(queue)
+        keys = [worker.queue_key(req) for req in order] if laxity else []
         return Lineup(worker, order, keys, [Pending.of(worker, (), carried)], laxity)
 
     def prefix(self, count: int) -> Pending:
@@ -122,7 +122,7 @@ class Lineup:
         laxity those with less or equal slack (it goes ahead of the rest)."""
         if not self.laxity:
             return len(self.order)
-        return bisect_right(self.keys, self.worker.latest_start(req))
+        return bisect_right(self.keys, self.worker.queue_key(req))
 
     def keeps_promises(self, chunk: Chunk, start: float, own: Pending, ahead: int) -> bool:
         """Would every prompt behind a candidate with sums ``own`` (placed after ``ahead``

@@ -34,7 +34,7 @@ def placed_finish(req: Request, worker: WorkerState, now: float, lookahead: int,
     there, if priced already."""
     if own is None:
         own = worker.prefill_estimate(req)
-    ahead = worker.work_ahead(req.arrival + req.slo.ttft - own, lookahead)
+    ahead = worker.work_ahead(worker.key_of(req, own), lookahead)
     return max(now, worker.busy_until) + ahead + own
 
 

@@ -53,8 +53,13 @@ def _paper_toggle(toggle: ToggleParams) -> ToggleParams:
 
 PLUS_MECHANISMS: dict[str, Any] = {"chunked": True, "laxity": True, "least_loaded": True}
 """What ``tropical+`` always adds to the paper's toggle (with the per-iteration slack rule)."""
+PLUS_SIZE_WEIGHT = 2.0
+"""``tropical+``'s queue key: a prompt's TTFT deadline plus twice its predicted prefill, so that
+among prompts with near deadlines the shorter go first (the paper's laxity order is -1, earliest
+deadline first 0; docs/overload.md measures -1 to 4 on three traces)."""
 PLUS_DEFAULTS: dict[str, Any] = {"demote_doomed": True, "prefill_budget": PLUS_PREFILL_BUDGET,
-                                 "spare_finishing": True, "placed_dispatch": True}
+                                 "spare_finishing": True, "placed_dispatch": True,
+                                 "size_weight": PLUS_SIZE_WEIGHT}
 """What ``tropical+`` adds unless its flags say otherwise."""
 
 

@@ -119,14 +119,14 @@ def untouched(req: Request, worker: WorkerState) -> bool:
 
 def work_ahead(worker: WorkerState, req: Request, cost: float) -> float:
     """Predicted prefill time of the prompts queued on ``worker`` that would run before ``req``
-    (costing ``cost`` there): all of them in arrival order, those with an earlier latest start
-    in laxity order."""
+    (costing ``cost`` there): all of them in arrival order, those with a lower or equal queue
+    key in laxity order (``WorkerState.queue_key``)."""
     if worker.role is Role.PREFILL and not worker.rules.laxity:
         return worker.queued_work
     queued = worker.queued()
     if worker.rules.laxity:
-        latest = req.arrival + req.slo.ttft - cost
-        return sum(worker.prefill_cost(q) for q in queued if worker.latest_start(q) <= latest)
+        key = worker.key_of(req, cost)
+        return sum(worker.prefill_cost(q) for q in queued if worker.queue_key(q) <= key)
     return sum(worker.prefill_cost(q) for q in queued)
 
 

@@ -7,10 +7,21 @@ worker decodes at all.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
 from tropical.sched.slack import SlackRule
+
+LATEST_START = -1.0
+"""The ``size_weight`` that orders a queue by latest start: the paper's laxity order."""
+
+
+def check_size_weight(weight: float) -> None:
+    """Refuse a queue key that puts a prompt before its own latest start, or none at all."""
+    if not (math.isfinite(weight) and weight >= LATEST_START):
+        raise ValueError(f"size_weight must be a number of at least {LATEST_START:g} "
+                         f"(-1: latest start; 0: deadline), got {weight}")
 
 
 class Role(str, Enum):
@@ -34,8 +45,12 @@ class BatchRules:
 
     ``tpot_guard``: re-check, when the batch forms, that multiplexed prefills still fit the
     decodes' TPOT slack under this rule; one that no longer does waits for a later iteration.
-    ``laxity``: queue prompts by the latest time their prefill may start and still meet the
-    TTFT SLO (least slack first) instead of by arrival.
+    ``laxity``: queue prompts by urgency instead of by arrival: least first by their TTFT
+    deadline plus ``size_weight`` times their predicted prefill there (-1, the paper's: the
+    latest time their prefill may start and still meet the SLO, least slack first; 0: the
+    deadline, earliest first, as the k-server ideal orders prompts; above 0: shorter prompts
+    ahead of longer ones with deadlines near theirs, which serves more prompts in time when not
+    all can be).
     ``spare_finishing``: an iteration that finishes a prompt takes no chunk of a later prompt that
     would make the finished one miss its TTFT SLO (chunked prefill fills each iteration's room
     with the next prompt, and a prompt's first token comes when its last iteration ends).
@@ -47,8 +62,10 @@ class BatchRules:
     max_seqs: int = 256
     tpot_guard: SlackRule | None = None
     laxity: bool = False
+    size_weight: float = LATEST_START
     spare_finishing: bool = False
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_seqs < 1:
             raise ValueError("token_budget and max_seqs must be at least 1")
+        check_size_weight(self.size_weight)

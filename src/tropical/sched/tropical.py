@@ -46,7 +46,7 @@ from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at, prompt_floor_vector, prompt_floors
 from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.roles import RoleSwitch
-from tropical.sched.rules import BatchRules, Role
+from tropical.sched.rules import LATEST_START, BatchRules, Role, check_size_weight
 from tropical.sched.slack import Decoding, SlackRule
 from tropical.sched.worker import WorkerState
 from tropical.sched.worker_views import WorkerViews
@@ -93,7 +93,10 @@ class ToggleParams:
     request in a fleet with more of them (``shortlist``, see ``SHORTLIST``), and whether Path 1
     sends a prompt where it would finish soonest at its place in the prefill queue's order
     (``placed_dispatch``; None: the policy's default, on for ``tropical+``; see ``placement``:
-    the finish checked against the TTFT SLO stays the one behind that worker's whole queue)."""
+    the finish checked against the TTFT SLO stays the one behind that worker's whole queue), and
+    how much a prompt's own predicted prefill weighs in its queue key under laxity order
+    (``size_weight``, see ``BatchRules``; None: the policy's default, -1 for the paper's toggle,
+    its latest start, and ``PLUS_SIZE_WEIGHT`` for ``tropical+``)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -111,12 +114,15 @@ class ToggleParams:
     spare_finishing: bool | None = None
     shortlist: int = SHORTLIST
     placed_dispatch: bool | None = None
+    size_weight: float | None = None
 
     def __post_init__(self) -> None:
         if self.shortlist < 2:
             raise ValueError(f"shortlist must be at least 2 workers, got {self.shortlist}")
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"prefill_budget must be at least 1 token, got {self.prefill_budget}")
+        if self.size_weight is not None:
+            check_size_weight(self.size_weight)
         if not 0 <= self.watermark <= 1:
             raise ValueError(f"watermark must lie in [0, 1], got {self.watermark}")
         if self.lookahead < 1:
@@ -175,10 +181,12 @@ class TropicalPolicy(Policy):
         toggle plans multiplexed prefills within that budget."""
         self.name = name
         self.toggle = toggle or ToggleParams()
+        weight = LATEST_START if self.toggle.size_weight is None else self.toggle.size_weight
         self._prefill = BatchRules(prefill_first=True, max_seqs=max_seqs, laxity=self.toggle.laxity,
-                                   token_budget=self.toggle.prefill_budget or max_batched_tokens)
+                                   token_budget=self.toggle.prefill_budget or max_batched_tokens,
+                                   size_weight=weight)
         self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,
-                                     laxity=self.toggle.laxity and self.toggle.chunked,
+                                     laxity=self.toggle.laxity and self.toggle.chunked, size_weight=weight,
                                      token_budget=max_batched_tokens, max_seqs=max_seqs,
                                      tpot_guard=self._path2_slack,
                                      spare_finishing=bool(self.toggle.spare_finishing))

@@ -284,8 +284,8 @@ class WorkerState:
         return costs
 
     def work_ahead(self, key: float, limit: int) -> float:
-        """Predicted prefill time of the queued prompts a new one whose latest start here is
-        ``key`` would wait for: under laxity order those with less or equal slack, found among
+        """Predicted prefill time of the queued prompts a new one whose queue key here is
+        ``key`` would wait for: under laxity order those with a lower or equal key, found among
         the first ``limit`` as ``_laxity_slot`` finds its place (past them, the whole queue);
         else the whole queue. Sums are kept with ``queued_costs``'s prices."""
         if not self.rules.laxity:
@@ -293,7 +293,7 @@ class WorkerState:
         costs = self.queued_costs(limit)
         kept, keys, sums = self._queue_sums
         if kept is not costs:
-            keys = [req.arrival + req.slo.ttft - cost for req, cost in costs]
+            keys = [self.key_of(req, cost) for req, cost in costs]
             sums = list(accumulate((cost for _, cost in costs), initial=0.0))
             self._queue_sums = (costs, keys, sums)
         slot = len(keys)
@@ -454,22 +454,28 @@ class WorkerState:
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
         self.waiting_prompt += req.remaining_prompt
 
-    def latest_start(self, req: Request) -> float:
-        """When ``req``'s prefill must start here to meet its TTFT SLO (never, for one that
-        yielded: laxity order keeps it behind every prompt that can still make it)."""
+    def queue_key(self, req: Request) -> float:
+        """Where ``req`` stands in this worker's queue under laxity order, least first:
+        ``key_of`` its predicted prefill here (never, for one that yielded: laxity order keeps
+        it behind every prompt that can still make it)."""
         if req.yielded:
             return math.inf
-        return req.arrival + req.slo.ttft - self.prefill_cost(req)
+        return self.key_of(req, self.prefill_cost(req))
+
+    def key_of(self, req: Request, cost: float) -> float:
+        """The queue key of ``req`` costing ``cost`` here: its TTFT deadline plus the rules'
+        ``size_weight`` times ``cost`` (-1: when its prefill must start to meet the SLO)."""
+        return req.arrival + req.slo.ttft + self.rules.size_weight * cost
 
     def _laxity_slot(self, req: Request) -> int:
         """Where ``req`` goes among the queued prompts (never ahead of the batch in flight):
-        after every prompt with less or equal slack. New prompts mostly have the most slack, so
-        the scan from the back passes few but those that yielded (at the back: they have none),
+        after every prompt with a lower or equal ``queue_key``. New prompts mostly have the
+        highest, so the scan from the back passes few but those that yielded (at the back: none),
         which it steps over unread. (Indexing a deque walks its blocks of 64 from the nearer
         end: near the back, where the scan stops, that is a few steps.)"""
-        key, waiting, floor = self.latest_start(req), self.waiting, self.batch_prefills
+        key, waiting, floor = self.queue_key(req), self.waiting, self.batch_prefills
         slot = len(waiting) if key == math.inf else max(floor, len(waiting) - self._yielded_tail)
-        while slot > floor and self.latest_start(waiting[slot - 1]) > key:
+        while slot > floor and self.queue_key(waiting[slot - 1]) > key:
             slot -= 1
         return slot
 

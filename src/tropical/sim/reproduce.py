@@ -21,7 +21,14 @@ from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import miss_cause
 from tropical.core.slo import SLOSpec
-from tropical.sched.registry import PLUS_DEFAULTS, PLUS_MECHANISMS, PLUS_PREFILL_BUDGET, PolicyParams
+from tropical.sched.registry import (
+    PLUS_DEFAULTS,
+    PLUS_MECHANISMS,
+    PLUS_PREFILL_BUDGET,
+    PLUS_SIZE_WEIGHT,
+    PolicyParams,
+)
+from tropical.sched.rules import LATEST_START
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
 from tropical.sim.ideal_cache import FURTHEST, LRU
@@ -50,12 +57,16 @@ ABLATION: dict[str, dict[str, object]] = {
     "the same + roles both ways": {**PLUS_MECHANISMS, "flex": True},
     "the same + demotion": {**PLUS_MECHANISMS, "demote_doomed": True},
     f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False, "placed_dispatch": False},
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False, "placed_dispatch": False,
+        "size_weight": LATEST_START},
     "the same + finishing prompts spared a later prompt's chunk": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False},
-    "the same, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
-                                              "placed_dispatch": False, "cache_aware": False},
-    "the same + Path 1 by place in the queue (tropical+)": {**PLUS_MECHANISMS, **PLUS_DEFAULTS},
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False, "size_weight": LATEST_START},
+    "the same, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False,
+                                              "cache_aware": False, "size_weight": LATEST_START},
+    "the same + Path 1 by place in the queue": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
+                                                "size_weight": LATEST_START},
+    f"the same + queues by deadline + {PLUS_SIZE_WEIGHT:g}x the prompt's prefill (tropical+)": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS},
 }
 """Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` (the
 registry's ``PLUS_MECHANISMS`` and ``PLUS_DEFAULTS``) and beyond it."""

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from tropical.core.metrics import miss_cause
-from tropical.sched.registry import PLUS_PREFILL_BUDGET
+from tropical.sched.registry import PLUS_PREFILL_BUDGET, PLUS_SIZE_WEIGHT
 from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, AtRate, Reproduction, Study, is_baseline, ratio
 
 DISPATCH = {
@@ -18,8 +18,9 @@ DISPATCH = {
     "disagg": "prefill: fewest unfinished tokens; decode: fewest unfinished tokens with room",
     "tropical": "Path 1: earliest predicted prefill finish; Path 2 when TTFT is at risk; decode: "
                 "fewest unfinished tokens among workers whose TPOT budget holds",
-    "tropical+": "Path 1: earliest finish at the prompt's place in each prefill queue's laxity order, "
-                 "its cached prefix not recomputed; Path 2 when TTFT is at risk behind that queue; "
+    "tropical+": "Path 1: earliest finish at the prompt's place in each prefill queue (queued by TTFT "
+                 f"deadline + {PLUS_SIZE_WEIGHT:g}x its own prefill), its cached prefix not recomputed; "
+                 "Path 2 when TTFT is at risk behind that queue; "
                  "decode: fewest unfinished tokens among workers whose TPOT budget holds",
 }
 CAUSES = ("TTFT queueing", "TTFT execution", "TPOT", "stall", "failed")

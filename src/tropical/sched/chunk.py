@@ -119,7 +119,7 @@ class Lineup:
 
     def place(self, req: Request) -> int:
         """How many prompts of the lineup ``req`` waits for: all under arrival order; under
-        laxity those with less or equal slack (it goes ahead of the rest)."""
+        laxity those with a lower or equal queue key (it goes ahead of the rest)."""
         if not self.laxity:
             return len(self.order)
         return bisect_right(self.keys, self.worker.queue_key(req))

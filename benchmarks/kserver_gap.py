@@ -141,8 +141,7 @@ def decompose(pooled: PooledCluster, rate: float, window: float, quantum: float)
         "span_s": span,
         "last_arrival_s": max(r.arrival for r in requests),
         "busy": [{"role": role.value, "busy": s.busy / span, "prompt_tokens": s.prompt_tokens,
-                  "prefill_busy": s.prefill_busy / span,
-                  "prefill_rate": s.prefill_tokens / s.prefill_busy if s.prefill_busy else 0.0}
+                  "prefill_busy": s.prefill_busy / span, "prefill_rate": s.prefill_rate}
                  for role, s in zip(run.roles, run.worker_stats, strict=True)],
         "prefix_hit_rate": run.summary.prefix_hit_rate,
     }
@@ -152,7 +151,7 @@ def speed_shares(stats: Sequence[WorkerStats]) -> list[float] | None:
     """Each worker's prompt tokens per second in its iterations that prefill, as a share of the
     fastest worker's (None if a worker never prefilled): the speeds at which ideal servers serve
     prompts as these workers did."""
-    rates = [s.prefill_tokens / s.prefill_busy if s.prefill_busy else 0.0 for s in stats]
+    rates = [s.prefill_rate for s in stats]
     return None if min(rates) <= 0 else [rate / max(rates) for rate in rates]
 
 

@@ -68,7 +68,7 @@ POLICY_HELP = {
                        "SLO (default: true for tropical+, false for tropical)",
     "placed_dispatch": "true: Path 1 sends a prompt to the prefill worker where it would finish "
                        "soonest at its place in the queue's order (under laxity order, behind only "
-                       "the prompts with less slack) instead of by --least-loaded's rule (default: "
+                       "the prompts with a lower queue key) instead of by --least-loaded's rule (default: "
                        "true for tropical+, false for tropical)",
     "shortlist": f"multiplexing workers Path 2 prices per request where there are more (the least "
                  f"loaded of those holding the prompt's prefix, then the least loaded; tropical; "

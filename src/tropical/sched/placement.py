@@ -1,13 +1,14 @@
 """Path 1 by a prompt's place in each prefill queue: the worker where it would finish soonest.
 
 Under laxity order a new prompt does not wait for a prefill worker's whole queue, only for the
-prompts with less slack than its own, so the worker where it starts soonest is not always the one
-with the least work. Binding each prompt at its arrival to the least loaded of k ideal servers
-(``core.kserver.bound_attainment``, never preempting) met 82.4% of TTFT SLOs on azure-code at 5 req/s;
-binding it where it would start soonest in deadline order met 89.7%, near the 91.7% of k servers
-that share one queue (docs/overload.md). The choice prices each candidate at its place; the
-Path 1 finish the toggle checks against the TTFT SLO stays the one behind the chosen worker's
-whole queue, which more urgent prompts arriving later may still put it behind.
+prompts whose queue key is at most its own (``WorkerState.queue_key``), so the worker where it
+starts soonest is not always the one with the least work. Binding each prompt at its arrival
+to the least loaded of k ideal servers (``core.kserver.bound_attainment``, never preempting) met
+82.4% of TTFT SLOs on azure-code at 5 req/s; binding it where it would start soonest in
+deadline order met 89.7%, near the 91.7% of k servers that share one queue (docs/overload.md).
+The choice prices each candidate at its place; the Path 1 finish the toggle checks against the
+TTFT SLO stays the one behind the chosen worker's whole queue, which more urgent prompts
+arriving later may still put it behind.
 """
 
 from __future__ import annotations

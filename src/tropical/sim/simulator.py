@@ -68,6 +68,11 @@ class WorkerStats:
     loaded_tokens: int = 0
 
     @property
+    def prefill_rate(self) -> float:
+        """Prompt tokens computed per second of the iterations that computed them (0: none)."""
+        return self.prefill_tokens / self.prefill_busy if self.prefill_busy else 0.0
+
+    @property
     def prefix_hit_rate(self) -> float:
         """Cached prompt tokens over prompt tokens of the prompts this worker prefilled."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

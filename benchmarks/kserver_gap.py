@@ -5,6 +5,9 @@ For each trace (the paper cluster, the preset SLOs):
 
 - the work bound, the pooled bound and the k-server bound (``sim.pooled_bound``), and each policy's
   capacity (``tropical sweep``'s search), as a share of the k-server and the pooled bound;
+- each policy against the work and k-server bounds priced at its own reuse: every prompt less the
+  hit it had in the policy's run at its capacity (the bounds above assume one unbounded
+  cluster-wide cache), so that the share of the gap that is reuse is told from the scheduling;
 - the capacity of each variant of the k-server ideal (its servers never preempting, each prompt
   bound at its arrival to one server, both), and each policy's share of it;
 - at the k-server bound's rate (where the ideal of k servers meets >= 90% of TTFT SLOs) and at
@@ -52,7 +55,7 @@ from tropical.report.markdown import CAUSES
 from tropical.report.tables import render
 from tropical.sim.build import experiment
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
-from tropical.sim.run import simulate
+from tropical.sim.run import Experiment, simulate
 from tropical.sim.simulator import WorkerStats
 from tropical.sim.sweep import capacities
 
@@ -185,6 +188,7 @@ def study(trace: str, policies: list[str], window: float, past: float, quantum: 
     own = found["tropical+"].capacity_rps
     hits = cache_hits(base) or [0]
     return {
+        "at_own_reuse": {p: own_reuse(base.with_policy(p), c.result.rate_scale) for p, c in found.items()},
         "ideal_prefix_hit_rate": sum(hits) / sum(e.input_len for e in base.trace.entries),
         "trace": trace, "requests": len(base.trace), "workers": pooled.workers,
         "bound_rps": pooled.bound.rate_rps, "pooled_bound_rps": pooled_cap, "kserver_bound_rps": kserver,
@@ -195,6 +199,15 @@ def study(trace: str, policies: list[str], window: float, past: float, quantum: 
     }
 
 
+def own_reuse(exp: Experiment, scale: float) -> dict:
+    """The bounds had every prompt the hit it had in ``exp``'s run at rate scale ``scale`` (its
+    capacity): how much of the gap to the ideal cache's bounds is reuse, not scheduling."""
+    run = simulate(exp.at_rate(scale))
+    pooled = PooledCluster.of(exp, run.hits)
+    return {"prefix_hit_rate": run.summary.prefix_hit_rate, "bound_rps": pooled.bound.rate_rps,
+            "kserver_bound_rps": pooled.kserver_capacity()}
+
+
 def markdown(r: dict) -> str:
     caps, k, pooled = r["capacity_rps"], r["kserver_bound_rps"], r["pooled_bound_rps"]
     return "\n".join([f"### {r['trace']} ({r['requests']} requests, {r['workers']} workers)", "",
@@ -203,6 +216,13 @@ def markdown(r: dict) -> str:
                       f"cluster-wide cache: {r['ideal_prefix_hit_rate']:.1%} of prompt tokens.", "",
                       render(["policy", "capacity (req/s)", "of k-server bound", "of pooled bound"],
                              [[p, f"{c:.3f}", f"{c / k:.0%}", f"{c / pooled:.0%}"] for p, c in caps.items()]),
+                      "", "Each policy against the bounds priced at its own reuse (every prompt less the "
+                      "hit it had at the policy's capacity), which the policy's caches allow it:", "",
+                      render(["policy", "prefix hit rate", "work bound (req/s)", "k-server bound (req/s)",
+                              "capacity of the k-server bound"],
+                             [[p, f"{o['prefix_hit_rate']:.1%}", f"{o['bound_rps']:.3f}",
+                               f"{o['kserver_bound_rps']:.3f}", f"{caps[p] / o['kserver_bound_rps']:.0%}"]
+                              for p, o in r["at_own_reuse"].items()]),
                       "", "Each variant of the k-server ideal, its capacity and each policy's share of it:",
                       "",
                       render(["ideal", "capacity (req/s)", *caps],

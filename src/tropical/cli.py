@@ -81,6 +81,10 @@ POLICY_HELP = {
                    "its predicted prefill: -1 orders by latest feasible start (the paper's), 0 by "
                    "deadline, above 0 shorter prompts first among near deadlines (default: 2 for "
                    "tropical+, -1 for tropical)",
+    "prefill_piece_tokens": "a prefill worker cuts a prompt longer than its batch budget into pieces of "
+                            "at most this many tokens and, under laxity order, queues the rest again by "
+                            "its key after each piece, so an urgent prompt waits for one piece, not the "
+                            "whole prompt (0: whole prompts; default: 4096 for tropical+, 0 for tropical)",
     "least_loaded": "true: Path 1 picks the prefill worker with the fewest unfinished tokens (the "
                     "baselines' dispatch) instead of the earliest predicted finish (tropical)",
     "correct_predictions": "true: each worker's latency predictions are corrected online by the "

@@ -62,6 +62,7 @@ class PolicyConfig:
     shortlist: int = SHORTLIST
     placed_dispatch: bool | None = None
     size_weight: float | None = None
+    prefill_piece_tokens: int | None = None
     kv_overlap_weight: float = OVERLAP_WEIGHT
     admission: str = "none"
 
@@ -76,7 +77,8 @@ class PolicyConfig:
                               flex=self.roles_both_ways, burst=self.burst_multiplex,
                               prefill_budget=self.prefill_batch_tokens,
                               spare_finishing=self.spare_finishing, shortlist=self.shortlist,
-                              placed_dispatch=self.placed_dispatch, size_weight=self.size_weight)
+                              placed_dispatch=self.placed_dispatch, size_weight=self.size_weight,
+                              prefill_piece=self.prefill_piece_tokens)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
                             self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 

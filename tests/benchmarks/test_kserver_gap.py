@@ -45,7 +45,25 @@ def test_the_decomposition_sets_the_policy_beside_part_of_the_ideal():
     study = {"trace": "azure-code", "requests": 300, "workers": pooled.workers, "bound_rps": 9.0,
              "pooled_bound_rps": 4.0, "kserver_bound_rps": 4.0, "ideal_prefix_hit_rate": 0.0,
              "capacity_rps": {"tropical+": 2.0}, "decomposed": {},
+             "at_own_reuse": {"tropical+": {"prefix_hit_rate": 0.1, "bound_rps": 3.0,
+                                            "kserver_bound_rps": 2.5}},
              "ideal_capacity_rps": {"k servers": 4.0, "k servers, bound at arrival, never preempted": 2.5}}
     row = next(line for line in gap.markdown(study).splitlines()
                if line.startswith("k servers, bound at arrival, never preempted"))
     assert row.split()[-2:] == ["2.500", "80%"]
+    own = [line for line in gap.markdown(study).splitlines() if line.startswith("tropical+  ")][1]
+    assert own.split()[-4:] == ["10.0%", "3.000", "2.500", "80%"]
+
+
+def test_the_bounds_at_a_policy_s_own_reuse_lie_between_none_and_the_ideal_cache_s():
+    from tropical.config import SimConfig
+    from tropical.sim.build import experiment
+    from tropical.sim.pooled_bound import PooledCluster
+
+    exp = experiment(SimConfig(trace="conversation", limit=300).with_preset()).with_policy("tropical+")
+    own = gap.own_reuse(exp, 0.5)
+    ideal = PooledCluster.of(exp)
+    cold = PooledCluster.of(exp, [0] * len(exp.trace))
+    assert 0.0 < own["prefix_hit_rate"] < 0.5
+    assert cold.bound.rate_rps < own["bound_rps"] < ideal.bound.rate_rps
+    assert own["kserver_bound_rps"] <= own["bound_rps"]

@@ -88,5 +88,5 @@ def test_every_kept_price_is_the_price_computed_again(policy: str, monkeypatch: 
     monkeypatch.setattr(Path2Prices, "price", checked)
     checked_outcomes = burst_outcomes(policy)
     monkeypatch.undo()
-    assert len(used) > 1_000, "the burst must price Path 2 often"
+    assert len(used) > 500, "the burst must price Path 2 often"
     assert burst_outcomes(policy) == checked_outcomes

@@ -92,3 +92,17 @@ def test_each_pool_of_tropical_plus_gets_its_defaults() -> None:
     assert isinstance(pooled, PooledPolicy)
     assert [p.toggle.prefill_budget for p in pooled.pools if isinstance(p, TropicalPolicy)] == [
         PLUS_PREFILL_BUDGET] * 2
+
+
+def test_tropical_plus_cuts_long_prompts_into_pieces_by_default_and_the_papers_toggle_does_not() -> None:
+    from tropical.sched.registry import PLUS_PREFILL_PIECE
+
+    assert make_policy("tropical+").rules(Role.PREFILL).piece_tokens == PLUS_PREFILL_PIECE
+    assert make_policy("tropical+").rules(Role.MULTIPLEX).piece_tokens == 0
+    assert make_policy("tropical").rules(Role.PREFILL).piece_tokens == 0
+    whole = make_policy("tropical+", SimConfig(prefill_piece_tokens=0).policy_params())
+    assert whole.rules(Role.PREFILL).piece_tokens == 0
+    assert make_policy("tropical", SimConfig(prefill_piece_tokens=8192).policy_params()).rules(
+        Role.PREFILL).piece_tokens == 8192
+    with pytest.raises(ValueError, match="prefill_piece must be 0"):
+        SimConfig(prefill_piece_tokens=-1).policy_params()

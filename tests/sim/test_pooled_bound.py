@@ -76,3 +76,22 @@ def test_the_pooled_bound_follows_the_ttft_slo_a_lone_prompt_must_meet():
     exp = _experiment([TraceEntry(float(i), 2000, 20) for i in range(50)])
     tight = Experiment(exp.trace, exp.cluster, exp.policy, slo=SLOSpec(ttft_scale=0.5, tpot_scale=5.0))
     assert PooledCluster.of(tight).capacity() < PooledCluster.of(exp).capacity()
+
+
+def test_bounds_at_given_hits_price_each_prompt_less_its_hit():
+    exp = _experiment([TraceEntry(float(i), 2000, 20) for i in range(200)])
+    none, half = PooledCluster.of(exp, [0] * 200), PooledCluster.of(exp, [1000] * 200)
+    assert none.bound.rate_rps == pytest.approx(PooledCluster.of(exp).bound.rate_rps)
+    assert half.bound.rate_rps > none.bound.rate_rps
+    assert half.kserver_capacity() > none.kserver_capacity()
+    assert all(h.prefill < n.prefill for h, n in zip(half.works, none.works, strict=True))
+
+
+def test_a_run_s_hits_are_its_requests_cached_tokens_in_trace_order():
+    from tropical.sim.run import simulate
+
+    entries = [TraceEntry(float(i), 1100, 4, prefix_blocks=(1, 2, 3 + i)) for i in range(6)]
+    run = simulate(Experiment(Trace("t", tuple(entries)), cluster(num_workers=1), "colocated"))
+    by_id = {r.id: r.cached for r in run.requests}
+    assert run.hits == [by_id[i] for i in sorted(by_id)]
+    assert run.hits[0] == 0 and max(run.hits) > 0

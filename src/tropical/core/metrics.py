@@ -184,7 +184,7 @@ def prefix_hit_rate(requests: Sequence[Request]) -> float:
     """Prompt tokens found in a prefix cache over all prompt tokens, of the requests prefilled."""
     prefilled = [r for r in requests if r.first_token is not None]
     prompt = sum(r.prompt_len for r in prefilled)
-    return sum(r.cached for r in prefilled) / prompt if prompt else 0.0
+    return sum(r.reused for r in prefilled) / prompt if prompt else 0.0
 
 
 def span(requests: Sequence[Request]) -> float:

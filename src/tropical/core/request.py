@@ -32,6 +32,10 @@ class Request:
     reach and it gave up its place in a prefill queue (demotion), so it waits there behind every
     prompt that can still meet its SLO. ``rejected``: the admission stage refused it (why, one of
     ``sched.rejection.REASONS``) before it held KV or ran a token; it fails, and counts as a miss.
+    ``cached``: prompt tokens it found computed in the cache of the worker that prefills it, of
+    which ``own_hit`` it had computed itself (``own``: the span of its prompt it computed before it
+    was taken off a worker's queue, as a prompt cut into pieces that yields; its KV kept as cached
+    blocks), so that ``reused`` counts only what other requests computed.
     """
 
     id: int
@@ -56,6 +60,8 @@ class Request:
     prefix: tuple[int, ...] = ()
     prefix_block: int = 0
     cached: int = 0
+    own: tuple[int, int] = (0, 0)
+    own_hit: int = 0
     migrated_tokens: int = 0
     step_base: int = field(default=0, repr=False)
     gap_step: int = field(default=0, repr=False)
@@ -72,6 +78,11 @@ class Request:
     def kv_tokens(self) -> int:
         """Tokens of KV the request holds at its longest: prompt plus all but the last output."""
         return self.prompt_len + self.output_len - 1
+
+    @property
+    def reused(self) -> int:
+        """Prompt tokens it found cached that other requests computed (the prefix hit)."""
+        return self.cached - self.own_hit
 
     @property
     def remaining_prompt(self) -> int:

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from tropical.core.metrics import miss_cause
-from tropical.sched.registry import PLUS_PREFILL_BUDGET, PLUS_SIZE_WEIGHT
+from tropical.sched.registry import PLUS_PREFILL_BUDGET, PLUS_PREFILL_PIECE, PLUS_SIZE_WEIGHT
 from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, AtRate, Reproduction, Study, is_baseline, ratio
 
 DISPATCH = {
@@ -19,8 +19,9 @@ DISPATCH = {
     "tropical": "Path 1: earliest predicted prefill finish; Path 2 when TTFT is at risk; decode: "
                 "fewest unfinished tokens among workers whose TPOT budget holds",
     "tropical+": "Path 1: earliest finish at the prompt's place in each prefill queue (queued by TTFT "
-                 f"deadline + {PLUS_SIZE_WEIGHT:g}x its own prefill), its cached prefix not recomputed; "
-                 "Path 2 when TTFT is at risk behind that queue; "
+                 f"deadline + {PLUS_SIZE_WEIGHT:g}x its own prefill; a prompt longer than "
+                 f"{PLUS_PREFILL_PIECE:,} tokens runs in pieces, its rest queued again by its key), its "
+                 "cached prefix not recomputed; Path 2 when TTFT is at risk behind that queue; "
                  "decode: fewest unfinished tokens among workers whose TPOT budget holds",
 }
 CAUSES = ("TTFT queueing", "TTFT execution", "TPOT", "stall", "failed")
@@ -381,9 +382,12 @@ def write_report(rep: Reproduction, out: Path) -> Path:
             f"{exp.slo.ttft_scale:g}x/{exp.slo.tpot_scale:g}x light-load TTFT/TPOT, TBT SLO "
             f"{exp.slo.tbt_scale:g}x the TPOT SLO (stream attainment also requires every gap between "
             "two tokens within it; a stall is a gap over 1 s). `tropical` is the paper's toggle; "
-            "`tropical+` adds chunked multiplexing and laxity order, takes the baselines' dispatch "
-            "for Path 1, lets prompts that can no longer meet their TTFT yield, and batches at most "
-            f"{PLUS_PREFILL_BUDGET:,} prompt tokens per prefill iteration. "
+            "`tropical+` adds chunked multiplexing, orders its queues by TTFT deadline + "
+            f"{PLUS_SIZE_WEIGHT:g}x each prompt's own prefill, sends Path 1 where a prompt would finish "
+            "soonest at its place in the queue, lets prompts that can no longer meet their TTFT "
+            f"yield, batches at most {PLUS_PREFILL_BUDGET:,} prompt tokens per prefill iteration, and "
+            f"runs a longer prompt in pieces of {PLUS_PREFILL_PIECE:,} tokens, its rest queued again by "
+            "its key after each. "
             + ("Every worker keeps a prefix cache (vLLM's automatic prefix caching: the trace's "
                "hash_ids, least recently freed evicted first); the work and pooled bounds assume one "
                "ideal cluster-wide cache in which every reusable prefix hits. "

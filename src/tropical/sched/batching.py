@@ -194,6 +194,8 @@ def _waiting_on(worker: WorkerState, batch: Batch) -> tuple[list[Request], list[
 def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Request, int, int]]:
     """Prefill spans from the head of the queue, reserving KV for each newly started prompt."""
     spans: list[tuple[Request, int, int]] = []
+    if worker.rules.piece_tokens:
+        worker.held_first()
     for req in worker.waiting:
         if seats <= 0 or budget <= 0 or not worker.reserve(req):
             break
@@ -201,7 +203,7 @@ def take_prefills(worker: WorkerState, budget: int, seats: int) -> list[tuple[Re
         if new > budget:
             if not worker.rules.chunked and spans:
                 break
-            new = budget if worker.rules.chunked else new
+            new = budget if worker.rules.chunked else min(new, worker.rules.piece_tokens or new)
         spans.append((req, new, req.computed))
         budget -= new
         seats -= 1

@@ -54,6 +54,12 @@ class BatchRules:
     ``spare_finishing``: an iteration that finishes a prompt takes no chunk of a later prompt that
     would make the finished one miss its TTFT SLO (chunked prefill fills each iteration's room
     with the next prompt, and a prompt's first token comes when its last iteration ends).
+    ``piece_tokens``: on a worker that runs prompts whole (not ``chunked``), a lone prompt
+    longer than the budget runs in pieces of at most this many tokens (0: whole), and under
+    laxity order its rest is queued again by its key after each piece, so that an urgent prompt
+    that arrived meanwhile waits for one piece, not the whole prompt (preemption at piece
+    boundaries, as the k-server bound's servers preempt; a large piece costs little more than
+    the whole prompt, where small chunks cost up to a tenth more).
     """
 
     prefill_first: bool = False
@@ -64,8 +70,12 @@ class BatchRules:
     laxity: bool = False
     size_weight: float = LATEST_START
     spare_finishing: bool = False
+    piece_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_seqs < 1:
             raise ValueError("token_budget and max_seqs must be at least 1")
         check_size_weight(self.size_weight)
+        if self.piece_tokens < 0:
+            raise ValueError(f"piece_tokens must be 0 (whole prompts) or a number of tokens, "
+                             f"got {self.piece_tokens}")

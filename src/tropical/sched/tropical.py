@@ -96,7 +96,10 @@ class ToggleParams:
     the finish checked against the TTFT SLO stays the one behind that worker's whole queue), and
     how much a prompt's own predicted prefill weighs in its queue key under laxity order
     (``size_weight``, see ``BatchRules``; None: the policy's default, -1 for the paper's toggle,
-    its latest start, and ``PLUS_SIZE_WEIGHT`` for ``tropical+``)."""
+    its latest start, and ``PLUS_SIZE_WEIGHT`` for ``tropical+``), and how long a piece a
+    prefill worker cuts a longer prompt into (``prefill_piece``, see ``BatchRules.piece_tokens``;
+    None: the policy's default, whole prompts for the paper's toggle and ``PLUS_PREFILL_PIECE``
+    tokens for ``tropical+``; 0: whole)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -115,8 +118,12 @@ class ToggleParams:
     shortlist: int = SHORTLIST
     placed_dispatch: bool | None = None
     size_weight: float | None = None
+    prefill_piece: int | None = None
 
     def __post_init__(self) -> None:
+        if self.prefill_piece is not None and self.prefill_piece < 0:
+            raise ValueError(f"prefill_piece must be 0 (whole prompts) or a number of tokens, "
+                             f"got {self.prefill_piece}")
         if self.shortlist < 2:
             raise ValueError(f"shortlist must be at least 2 workers, got {self.shortlist}")
         if self.prefill_budget is not None and self.prefill_budget < 1:
@@ -183,6 +190,7 @@ class TropicalPolicy(Policy):
         self.toggle = toggle or ToggleParams()
         weight = LATEST_START if self.toggle.size_weight is None else self.toggle.size_weight
         self._prefill = BatchRules(prefill_first=True, max_seqs=max_seqs, laxity=self.toggle.laxity,
+                                   piece_tokens=self.toggle.prefill_piece or 0,
                                    token_budget=self.toggle.prefill_budget or max_batched_tokens,
                                    size_weight=weight)
         self._multiplex = BatchRules(prefill_first=False, chunked=self.toggle.chunked,

@@ -61,6 +61,7 @@ class WorkerState:
     waiting_prompt: int = 0
     batch_prefills: int = 0
     inflight: dict[int, int] = field(default_factory=dict)
+    rests: dict[int, tuple[float, float]] = field(default_factory=dict)
     queued_work: float = 0.0
     alive: bool = True
     last_chunk: int = 0
@@ -240,6 +241,23 @@ class WorkerState:
             self._add_queued_work(req, -1)
         if len(self.waiting) == len(spans):
             self.queued_work = 0.0
+        if self.rules.piece_tokens and self.role is Role.PREFILL:
+            for req, new in spans:
+                if new < req.remaining_prompt:
+                    self._keep_rest(req, req.remaining_prompt - new)
+
+    def _keep_rest(self, req: Request, left: int) -> None:
+        """Count the last ``left`` tokens of a prompt cut into pieces, in flight now, in the
+        queue's predicted work (it is queued again when the piece ends), with the queue key
+        they will have then (``rests``: ``work_ahead`` counts them for prompts keyed after)."""
+        cost = self.rest_cost(req, left)
+        self.rests[req.id] = (self.key_of(req, cost), cost)
+        self.queued_work += cost
+
+    def rest_cost(self, req: Request, left: int) -> float:
+        """Predicted time of the last ``left`` tokens of ``req``'s prompt here (the rest of a
+        prompt cut into pieces: its KV loaded, the tokens before it computed)."""
+        return prefill_time(self.latency, left, req.prompt_len - left)
 
     def in_flight(self) -> list[Request]:
         """The prompts of the iteration now running, in queue order."""
@@ -286,8 +304,9 @@ class WorkerState:
     def work_ahead(self, key: float, limit: int) -> float:
         """Predicted prefill time of the queued prompts a new one whose queue key here is
         ``key`` would wait for: under laxity order those with a lower or equal key, found among
-        the first ``limit`` as ``_laxity_slot`` finds its place (past them, the whole queue);
-        else the whole queue. Sums are kept with ``queued_costs``'s prices."""
+        the first ``limit`` as ``_laxity_slot`` finds its place (past them, the whole queue),
+        and the rests of prompts cut into pieces now in flight with a lower or equal key; else
+        the whole queue. Sums are kept with ``queued_costs``'s prices."""
         if not self.rules.laxity:
             return self.queued_work
         costs = self.queued_costs(limit)
@@ -299,7 +318,10 @@ class WorkerState:
         slot = len(keys)
         while slot > 0 and keys[slot - 1] > key:
             slot -= 1
-        return self.queued_work if slot == limit else sums[slot]
+        if slot == limit:
+            return self.queued_work
+        rests = sum(cost for rest_key, cost in self.rests.values() if rest_key <= key) if self.rests else 0.0
+        return sums[slot] + rests
 
     def prefill_cost(self, req: Request) -> float:
         """Predicted time of ``req``'s remaining prompt here, cached until its progress changes
@@ -446,6 +468,7 @@ class WorkerState:
         self.changed()
         if self.kv.cache is not None and req.prefix:
             req.cached = req.computed = self.hit(req)
+            req.own_hit = max(0, min(req.cached, req.own[1]) - req.own[0])
         slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
         self._tail_inserted(slot, req)
         self.waiting.insert(slot, req)
@@ -623,7 +646,10 @@ class WorkerState:
         self.batch_prefills = max(0, self.batch_prefills - 1)
         if req.computed < req.prompt_len:
             self._queue_edits += 1                     # the rest of it is queued again
-            self._add_queued_work(req, 1)
+            if self.rests.pop(req.id, None) is None:
+                self._add_queued_work(req, 1)
+            if self.rules.piece_tokens and self.rules.laxity:
+                self._requeue(req)
             return False
         self._tail_removed(req, None)
         self.waiting.remove(req)
@@ -643,6 +669,45 @@ class WorkerState:
             self.release(req)
         return True
 
+    def _requeue(self, req: Request) -> None:
+        """Queue the rest of ``req``, a prompt cut into pieces whose piece ended, by its queue
+        key, so that more urgent prompts queued meanwhile run first: preemption at piece
+        boundaries. Its KV stays reserved: unless the prompts it would go
+        behind fit beside it (their whole prompts, none of it cached), it keeps the head (see
+        ``held_first``)."""
+        self.changed()
+        slot = self.waiting.index(req)
+        self._tail_removed(req, slot)
+        self._queue_edited(slot)
+        del self.waiting[slot]
+        slot = self._laxity_slot(req)
+        floor = self.batch_prefills
+        ahead = sum(0 if r.id in self.holds else self.kv_tokens_needed(r)
+                    for r in islice(self.waiting, floor, slot))
+        if ahead and not self.kv.fits(ahead):
+            slot = floor
+        self._tail_inserted(slot, req)
+        self.waiting.insert(slot, req)
+        self._queue_edited(slot)
+
+    def held_first(self) -> None:
+        """If the head of the queue cannot reserve its KV, move the first queued prompt that holds
+        its KV already (the rest of one cut into pieces) to the head: a prompt behind it holds
+        memory that only its own end frees, and a rest needs no more, so the queue never waits
+        on memory that cannot come."""
+        if not self.waiting or self.batch_prefills or self.reserve(self.waiting[0]):
+            return
+        held = next((slot for slot, r in enumerate(self.waiting) if r.id in self.holds), None)
+        if held is None:
+            return
+        self.changed()
+        req = self.waiting[held]
+        self._tail_removed(req, held)
+        del self.waiting[held]
+        self._tail_inserted(0, req)
+        self.waiting.appendleft(req)
+        self._queue_edited(0)
+
     def abort(self, req: Request) -> None:
         """Drop ``req`` from this worker wherever it is (queued, decoding, or migrating in, landed
         or not), freeing its KV."""
@@ -659,6 +724,7 @@ class WorkerState:
             else:
                 self.batch_prefills -= 1
                 self.inflight.pop(req.id, None)
+                self.queued_work -= self.rests.pop(req.id, (0.0, 0.0))[1]
             del self.waiting[slot]
             self._costs.pop(req.id, None)
             self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
@@ -676,6 +742,8 @@ class WorkerState:
             self.gaps.left(req)
         self.release(req)
         if req.first_token is None:
+            if req.computed > req.cached:
+                req.own = (req.cached, req.computed)
             req.computed -= req.cached           # its cached prefix was this worker's
             req.cached = 0
 

@@ -50,11 +50,13 @@ class PooledCluster:
     decode: float
 
     @classmethod
-    def of(cls, exp: Experiment) -> PooledCluster:
+    def of(cls, exp: Experiment, hits: Sequence[int] | None = None) -> PooledCluster:
         """With the experiment's prefix cache on, every prompt is priced less its hit on one
-        unbounded cluster-wide cache (see ``ideal_cache``)."""
+        unbounded cluster-wide cache (see ``ideal_cache``), or less ``hits`` (each request's
+        cached prompt tokens, in trace order: a policy's own reuse, ``SimResult.hits``)."""
         slos = request_slos(exp)
-        parts = cluster_works(exp.trace, exp.cluster, exp.params.max_seqs, slos, cache_hits(exp))
+        parts = cluster_works(exp.trace, exp.cluster, exp.params.max_seqs, slos,
+                              cache_hits(exp) if hits is None else hits)
         reference = parts[0][0]
         total = sum(w.total for w in reference)
         return cls(exp, slos, reference, bound_from(parts),

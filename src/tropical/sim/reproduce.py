@@ -25,6 +25,7 @@ from tropical.sched.registry import (
     PLUS_DEFAULTS,
     PLUS_MECHANISMS,
     PLUS_PREFILL_BUDGET,
+    PLUS_PREFILL_PIECE,
     PLUS_SIZE_WEIGHT,
     PolicyParams,
 )
@@ -58,15 +59,19 @@ ABLATION: dict[str, dict[str, object]] = {
     "the same + demotion": {**PLUS_MECHANISMS, "demote_doomed": True},
     f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches": {
         **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False, "placed_dispatch": False,
-        "size_weight": LATEST_START},
+        "size_weight": LATEST_START, "prefill_piece": 0},
     "the same + finishing prompts spared a later prompt's chunk": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False, "size_weight": LATEST_START},
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False, "size_weight": LATEST_START,
+        "prefill_piece": 0},
     "the same, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False,
-                                              "cache_aware": False, "size_weight": LATEST_START},
+                                              "cache_aware": False, "size_weight": LATEST_START,
+                                              "prefill_piece": 0},
     "the same + Path 1 by place in the queue": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
-                                                "size_weight": LATEST_START},
-    f"the same + queues by deadline + {PLUS_SIZE_WEIGHT:g}x the prompt's prefill (tropical+)": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS},
+                                                "size_weight": LATEST_START, "prefill_piece": 0},
+    f"the same + queues by deadline + {PLUS_SIZE_WEIGHT:g}x the prompt's prefill": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "prefill_piece": 0},
+    f"the same + long prompts in {PLUS_PREFILL_PIECE:,}-token pieces, each rest queued again by its key "
+    "(tropical+)": {**PLUS_MECHANISMS, **PLUS_DEFAULTS},
 }
 """Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` (the
 registry's ``PLUS_MECHANISMS`` and ``PLUS_DEFAULTS``) and beyond it."""
@@ -285,8 +290,7 @@ def bound_at_reuse(run: SimResult) -> float:
     """The work bound had every request the prefix hit it had in ``run``: what the policy could
     reach with the reuse its caches gave it (the gap to the ideal cache's bound is reuse)."""
     exp = run.experiment
-    hits = [r.cached for r in sorted(run.requests, key=lambda r: r.id)]
-    return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp), hits).rate_rps
+    return work_bound(exp.trace, exp.cluster, exp.params.max_seqs, request_slos(exp), run.hits).rate_rps
 
 
 IDEAL_CACHES = {"infinite": (False, FURTHEST), "kv": (True, FURTHEST), "kv_lru": (True, LRU)}

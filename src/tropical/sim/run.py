@@ -117,6 +117,12 @@ class SimResult:
         return sum(s.loaded_tokens for s in self.worker_stats) / prompts if prompts else 0.0
 
     @property
+    def hits(self) -> list[int]:
+        """Each request's prompt tokens found cached where it was prefilled that other requests
+        computed, in trace order: the reuse this run's caches gave, for bounds priced at it."""
+        return [r.reused for r in sorted(self.requests, key=lambda r: r.id)]
+
+    @property
     def kv_migrated_bytes_per_request(self) -> float:
         """Bytes of KV moved between workers, per request (what prefix caching saves)."""
         return self.summary.migrated_tokens * self.experiment.cluster.kv_bytes_per_token

@@ -268,7 +268,7 @@ class Simulator:
         self.end_s.append(time.perf_counter() - started)
         for req in booking.prefilled:
             stats.prompt_tokens += req.prompt_len
-            stats.cached_tokens += req.cached
+            stats.cached_tokens += req.reused
         if booking.prefilled or booking.finished:
             self._count_misses(booking)
         if booking.effects:

@@ -226,8 +226,11 @@ def _reuse_sentences(rep: Reproduction) -> list[str]:
             f"it), and one the size of the cluster's KV, evicting what is needed furthest ahead, "
             f"{rep.ideal_hit_rate['kv']:.1%}. Priced at the reuse its own run had, the work bound is "
             f"{reuse:.3f} req/s against {bound:.3f}: `{plus}` reaches {ratio(capacity, reuse):.0%} of "
-            f"it, so of the {1 - ratio(capacity, bound):.0%} of the work bound it leaves, reuse accounts "
-            f"for {1 - ratio(reuse, bound):.0%} and scheduling for {ratio(reuse - capacity, bound):.0%}."]
+            + (f"it, so of the {1 - ratio(capacity, bound):.0%} of the work bound it leaves, reuse accounts "
+               f"for {1 - ratio(reuse, bound):.0%} and scheduling for {ratio(reuse - capacity, bound):.0%}."
+               if capacity <= reuse else
+               "it: past what its cluster can do for every request at that reuse, which only work "
+               "deferred past the trace's end allows (see **Deferral**).")]
 
 
 def _deferral_sentence(rep: Reproduction) -> str:

@@ -672,9 +672,9 @@ class WorkerState:
     def _requeue(self, req: Request) -> None:
         """Queue the rest of ``req``, a prompt cut into pieces whose piece ended, by its queue
         key, so that more urgent prompts queued meanwhile run first: preemption at piece
-        boundaries. Its KV stays reserved: unless the prompts it would go
-        behind fit beside it (their whole prompts, none of it cached), it keeps the head (see
-        ``held_first``)."""
+        boundaries. Its KV stays reserved: unless the prompts it would go behind fit beside it
+        (their whole prompts, none of them cached), it keeps the head of the queue, behind the
+        batch in flight (see ``held_first``)."""
         self.changed()
         slot = self.waiting.index(req)
         self._tail_removed(req, slot)

@@ -129,5 +129,15 @@ def test_a_prompt_that_yields_after_pieces_finds_its_own_kv_cached_but_it_counts
     worker.abort(long)                                                 # it yields: off the queue, back on
     long.yielded = True
     worker.enqueue(long)
-    assert long.cached == found + 1_024 and long.own_hit == 1_024     # its own piece, found cached
+    assert long.cached == found + 1_024                                # its own piece, found cached
     assert long.reused == found
+
+
+@pytest.mark.parametrize(("cached", "reused"), [(0, 0), (512, 512), (2_048, 512), (8_192, 4_096)])
+def test_reuse_is_the_cached_run_less_the_part_the_request_computed_itself(cached, reused):
+    from tropical.core.request import Request
+    from tropical.core.slo import SLO
+
+    req = Request(0, 0.0, 9_000, 10, SLO(60.0, 0.1), own=(512, 4_608))
+    req.cached = cached                  # as the hit a prompt takes when it starts may move it
+    assert req.reused == reused

@@ -32,8 +32,8 @@ class Request:
     reach and it gave up its place in a prefill queue (demotion), so it waits there behind every
     prompt that can still meet its SLO. ``rejected``: the admission stage refused it (why, one of
     ``sched.rejection.REASONS``) before it held KV or ran a token; it fails, and counts as a miss.
-    ``cached``: prompt tokens it found computed in the cache of the worker that prefills it, of
-    which ``own_hit`` it had computed itself (``own``: the span of its prompt it computed before it
+    ``cached``: prompt tokens it found computed in the cache of the worker that prefills it, some
+    of which it may have computed itself (``own``: the span of its prompt it computed before it
     was taken off a worker's queue, as a prompt cut into pieces that yields; its KV kept as cached
     blocks), so that ``reused`` counts only what other requests computed.
     """
@@ -61,7 +61,6 @@ class Request:
     prefix_block: int = 0
     cached: int = 0
     own: tuple[int, int] = (0, 0)
-    own_hit: int = 0
     migrated_tokens: int = 0
     step_base: int = field(default=0, repr=False)
     gap_step: int = field(default=0, repr=False)
@@ -81,8 +80,11 @@ class Request:
 
     @property
     def reused(self) -> int:
-        """Prompt tokens it found cached that other requests computed (the prefix hit)."""
-        return self.cached - self.own_hit
+        """Prompt tokens it found cached that other requests computed (the prefix hit): its
+        cached run less the part of ``own`` inside it, derived whenever asked, since ``cached``
+        moves when a prompt takes the hit it finds as it starts."""
+        start, end = self.own
+        return self.cached - max(0, min(self.cached, end) - start)
 
     @property
     def remaining_prompt(self) -> int:

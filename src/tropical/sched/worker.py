@@ -468,7 +468,6 @@ class WorkerState:
         self.changed()
         if self.kv.cache is not None and req.prefix:
             req.cached = req.computed = self.hit(req)
-            req.own_hit = max(0, min(req.cached, req.own[1]) - req.own[0])
         slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
         self._tail_inserted(slot, req)
         self.waiting.insert(slot, req)

@@ -6,6 +6,7 @@ import pytest
 
 from tests.factories import make_request, make_worker
 from tropical.sched.batching import form_batch
+from tropical.sched.rejection import work_ahead as admission_work_ahead
 from tropical.sched.rules import BatchRules, Role
 
 
@@ -89,6 +90,19 @@ def test_the_queue_s_predicted_work_counts_the_rest_of_a_piece_in_flight():
     assert worker.work_ahead(worker.key_of(urgent, worker.prefill_estimate(urgent)), 64) == 0.0
     worker.complete_prefill(long, 1_000, 1.0)
     assert worker.queued_work == pytest.approx(worker.prefill_cost(long)) == pytest.approx(rest)
+
+
+def test_admission_counts_the_rest_of_a_piece_in_flight_for_prompts_keyed_after_it():
+    worker = _pieced()
+    long = make_request(0, prompt=3_000, ttft=60.0)
+    worker.enqueue(long)
+    form_batch(worker, 0.0)
+    rest = worker.rest_cost(long, 2_000)
+    late = make_request(1, arrival=0.1, prompt=4_000, ttft=600.0)
+    urgent = make_request(2, arrival=0.1, prompt=100, ttft=0.2)
+    for req, ahead in ((late, rest), (urgent, 0.0)):
+        cost = worker.prefill_estimate(req)
+        assert admission_work_ahead(worker, req, cost) == pytest.approx(ahead)
 
 
 def test_aborting_a_prompt_mid_piece_takes_its_rest_out_of_the_predicted_work():

@@ -42,6 +42,11 @@ class KVPool:
         within ``watermark`` of capacity? Unreferenced cached blocks count as free."""
         return self.used_blocks + revived + self.blocks_for(tokens) <= self.capacity_blocks * watermark
 
+    def room_tokens(self) -> int:
+        """The most tokens that ``fits`` (watermark 1): the free blocks' tokens, so that a sum of
+        prompts can stop as soon as it is past them."""
+        return (self.capacity_blocks - self.used_blocks) * self.block_size
+
     def reserve(self, tokens: int) -> int:
         blocks = self.blocks_for(tokens)
         if self.used_blocks + blocks > self.capacity_blocks:

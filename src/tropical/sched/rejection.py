@@ -120,13 +120,15 @@ def untouched(req: Request, worker: WorkerState) -> bool:
 def work_ahead(worker: WorkerState, req: Request, cost: float) -> float:
     """Predicted prefill time of the prompts queued on ``worker`` that would run before ``req``
     (costing ``cost`` there): all of them in arrival order, those with a lower or equal queue
-    key in laxity order (``WorkerState.queue_key``)."""
+    key in laxity order (``WorkerState.queue_key``), with the rests of prompts cut into pieces
+    now in flight that are keyed so too."""
     if worker.role is Role.PREFILL and not worker.rules.laxity:
         return worker.queued_work
     queued = worker.queued()
     if worker.rules.laxity:
         key = worker.key_of(req, cost)
-        return sum(worker.prefill_cost(q) for q in queued if worker.queue_key(q) <= key)
+        return (sum(worker.prefill_cost(q) for q in queued if worker.queue_key(q) <= key)
+                + worker.rests_ahead(key))
     return sum(worker.prefill_cost(q) for q in queued)
 
 

@@ -320,8 +320,12 @@ class WorkerState:
             slot -= 1
         if slot == limit:
             return self.queued_work
-        rests = sum(cost for rest_key, cost in self.rests.values() if rest_key <= key) if self.rests else 0.0
-        return sums[slot] + rests
+        return sums[slot] + self.rests_ahead(key)
+
+    def rests_ahead(self, key: float) -> float:
+        """Predicted time of the rests of prompts cut into pieces now in flight whose queue key is
+        at most ``key``: they are queued again before a prompt keyed ``key`` runs."""
+        return sum(cost for rest_key, cost in self.rests.values() if rest_key <= key) if self.rests else 0.0
 
     def prefill_cost(self, req: Request) -> float:
         """Predicted time of ``req``'s remaining prompt here, cached until its progress changes
@@ -468,10 +472,7 @@ class WorkerState:
         self.changed()
         if self.kv.cache is not None and req.prefix:
             req.cached = req.computed = self.hit(req)
-        slot = self._laxity_slot(req) if self.rules.laxity else len(self.waiting)
-        self._tail_inserted(slot, req)
-        self.waiting.insert(slot, req)
-        self._queue_edited(slot)
+        self._put(self._laxity_slot(req) if self.rules.laxity else len(self.waiting), req)
         self._add_queued_work(req, 1)
         self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
         self.waiting_prompt += req.remaining_prompt
@@ -500,6 +501,21 @@ class WorkerState:
         while slot > floor and self.queue_key(waiting[slot - 1]) > key:
             slot -= 1
         return slot
+
+    def _put(self, slot: int, req: Request) -> None:
+        """Insert ``req`` into ``waiting`` at ``slot``, keeping the queue's bookkeeping."""
+        self._tail_inserted(slot, req)
+        self.waiting.insert(slot, req)
+        self._queue_edited(slot)
+
+    def _take(self, slot: int) -> Request:
+        """Remove and return the request at ``slot`` of ``waiting``, keeping the queue's
+        bookkeeping (``batch_prefills`` and the predicted work are the caller's)."""
+        req = self.waiting[slot]
+        self._tail_removed(req, slot)
+        self._queue_edited(slot)
+        del self.waiting[slot]
+        return req
 
     def _tail_inserted(self, slot: int, req: Request) -> None:
         """Keep ``_yielded_tail`` through ``req``'s insertion at ``slot`` (about to happen): a
@@ -675,19 +691,21 @@ class WorkerState:
         (their whole prompts, none of them cached), it keeps the head of the queue, behind the
         batch in flight (see ``held_first``)."""
         self.changed()
-        slot = self.waiting.index(req)
-        self._tail_removed(req, slot)
-        self._queue_edited(slot)
-        del self.waiting[slot]
+        self._take(self.waiting.index(req))
         slot = self._laxity_slot(req)
-        floor = self.batch_prefills
-        ahead = sum(0 if r.id in self.holds else self.kv_tokens_needed(r)
-                    for r in islice(self.waiting, floor, slot))
-        if ahead and not self.kv.fits(ahead):
-            slot = floor
-        self._tail_inserted(slot, req)
-        self.waiting.insert(slot, req)
-        self._queue_edited(slot)
+        self._put(slot if self._fit_beside(slot) else self.batch_prefills, req)
+
+    def _fit_beside(self, slot: int) -> bool:
+        """Do the whole prompts queued from the batch in flight to ``slot`` (none of them cached,
+        those holding KV already left out) fit in the free KV? (Summed only until they do not:
+        past the trace's full rate a queue holds hundreds.)"""
+        room, ahead = self.kv.room_tokens(), 0
+        for r in islice(self.waiting, self.batch_prefills, slot):
+            if r.id not in self.holds:
+                ahead += self.kv_tokens_needed(r)
+                if ahead > room:
+                    return False
+        return True
 
     def held_first(self) -> None:
         """If the head of the queue cannot reserve its KV, move the first queued prompt that holds
@@ -700,12 +718,7 @@ class WorkerState:
         if held is None:
             return
         self.changed()
-        req = self.waiting[held]
-        self._tail_removed(req, held)
-        del self.waiting[held]
-        self._tail_inserted(0, req)
-        self.waiting.appendleft(req)
-        self._queue_edited(0)
+        self._put(0, self._take(held))
 
     def abort(self, req: Request) -> None:
         """Drop ``req`` from this worker wherever it is (queued, decoding, or migrating in, landed
@@ -716,15 +729,13 @@ class WorkerState:
             self.inbox.remove(req)
         if req in self.waiting:
             slot = self.waiting.index(req)
-            self._tail_removed(req, slot)
-            self._queue_edited(slot)
+            self._take(slot)
             if slot >= self.batch_prefills:
                 self._add_queued_work(req, -1)
             else:
                 self.batch_prefills -= 1
                 self.inflight.pop(req.id, None)
                 self.queued_work -= self.rests.pop(req.id, (0.0, 0.0))[1]
-            del self.waiting[slot]
             self._costs.pop(req.id, None)
             self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
             self.waiting_prompt -= req.remaining_prompt

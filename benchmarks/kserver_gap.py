@@ -8,6 +8,10 @@ For each trace (the paper cluster, the preset SLOs):
 - each policy against the work and k-server bounds priced at its own reuse: every prompt less the
   hit it had in the policy's run at its capacity (the bounds above assume one unbounded
   cluster-wide cache), so that the share of the gap that is reuse is told from the scheduling;
+- the same bounds priced at the reuse of one cluster-wide cache the size of the cluster's KV
+  (HBM), evicting furthest next use first (clairvoyant: no cache that size reuses more) or least
+  recently used first, and each policy's share of their k-server bounds: what a target priced at
+  the unbounded cache asks beyond the cluster's memory;
 - the capacity of each variant of the k-server ideal (its servers never preempting, each prompt
   bound at its arrival to one server, both), and each policy's share of it;
 - at the k-server bound's rate (where the ideal of k servers meets >= 90% of TTFT SLOs) and at
@@ -55,6 +59,7 @@ from tropical.report.markdown import CAUSES
 from tropical.report.tables import render
 from tropical.sim.build import experiment
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
+from tropical.sim.reproduce import IDEAL_CACHES
 from tropical.sim.run import Experiment, simulate
 from tropical.sim.simulator import WorkerStats
 from tropical.sim.sweep import capacities
@@ -189,6 +194,7 @@ def study(trace: str, policies: list[str], window: float, past: float, quantum: 
     hits = cache_hits(base) or [0]
     return {
         "at_own_reuse": {p: own_reuse(base.with_policy(p), c.result.rate_scale) for p, c in found.items()},
+        "at_cluster_kv": at_cluster_kv(base),
         "ideal_prefix_hit_rate": sum(hits) / sum(e.input_len for e in base.trace.entries),
         "trace": trace, "requests": len(base.trace), "workers": pooled.workers,
         "bound_rps": pooled.bound.rate_rps, "pooled_bound_rps": pooled_cap, "kserver_bound_rps": kserver,
@@ -208,6 +214,40 @@ def own_reuse(exp: Experiment, scale: float) -> dict:
             "kserver_bound_rps": pooled.kserver_capacity()}
 
 
+CLUSTER_KV_CACHES = {"kv": "the cluster's KV, furthest next use evicted first",
+                     "kv_lru": "the cluster's KV, least recently used evicted first"}
+"""The ideal caches of ``sim.reproduce.IDEAL_CACHES`` bounded by the cluster's KV, as named here."""
+
+
+def at_cluster_kv(base: Experiment) -> dict:
+    """The bounds had every prompt the hit one cluster-wide cache the size of the cluster's KV
+    gives it, for each of ``CLUSTER_KV_CACHES`` (empty when the cache is off)."""
+    prompt = sum(e.input_len for e in base.trace.entries)
+    out = {}
+    for name in CLUSTER_KV_CACHES:
+        hits = cache_hits(base, *IDEAL_CACHES[name])
+        if hits is not None:
+            pooled = PooledCluster.of(base, hits)
+            out[name] = {"prefix_hit_rate": sum(hits) / prompt, "bound_rps": pooled.bound.rate_rps,
+                         "kserver_bound_rps": pooled.kserver_capacity()}
+    return out
+
+
+def cluster_kv_markdown(r: dict) -> list[str]:
+    """The bounds at the reuse the cluster's KV allows, with each policy's share of them."""
+    caps, at = r["capacity_rps"], r.get("at_cluster_kv") or {}
+    if not at:
+        return []
+    return ["", "The bounds priced at the reuse one cluster-wide cache the size of the cluster's KV "
+            "gives (no cache that size reuses more than the first), and each policy's share of "
+            "their k-server bound:", "",
+            render(["cache", "prefix hit rate", "work bound (req/s)", "k-server bound (req/s)", *caps],
+                   [[CLUSTER_KV_CACHES[name], f"{o['prefix_hit_rate']:.1%}", f"{o['bound_rps']:.3f}",
+                     f"{o['kserver_bound_rps']:.3f}",
+                     *(f"{c / o['kserver_bound_rps']:.0%}" for c in caps.values())]
+                    for name, o in at.items()])]
+
+
 def markdown(r: dict) -> str:
     caps, k, pooled = r["capacity_rps"], r["kserver_bound_rps"], r["pooled_bound_rps"]
     return "\n".join([f"### {r['trace']} ({r['requests']} requests, {r['workers']} workers)", "",
@@ -223,6 +263,7 @@ def markdown(r: dict) -> str:
                              [[p, f"{o['prefix_hit_rate']:.1%}", f"{o['bound_rps']:.3f}",
                                f"{o['kserver_bound_rps']:.3f}", f"{caps[p] / o['kserver_bound_rps']:.0%}"]
                               for p, o in r["at_own_reuse"].items()]),
+                      *cluster_kv_markdown(r),
                       "", "Each variant of the k-server ideal, its capacity and each policy's share of it:",
                       "",
                       render(["ideal", "capacity (req/s)", *caps],

@@ -67,3 +67,24 @@ def test_the_bounds_at_a_policy_s_own_reuse_lie_between_none_and_the_ideal_cache
     assert 0.0 < own["prefix_hit_rate"] < 0.5
     assert cold.bound.rate_rps < own["bound_rps"] < ideal.bound.rate_rps
     assert own["kserver_bound_rps"] <= own["bound_rps"]
+
+
+def test_the_bounds_at_the_cluster_s_kv_lie_between_none_and_the_unbounded_cache_s():
+    from tropical.config import SimConfig
+    from tropical.sim.build import experiment
+    from tropical.sim.pooled_bound import PooledCluster
+
+    exp = experiment(SimConfig(trace="conversation", limit=300).with_preset())
+    at = gap.at_cluster_kv(exp)
+    ideal, cold = PooledCluster.of(exp), PooledCluster.of(exp, [0] * len(exp.trace))
+    assert set(at) == set(gap.CLUSTER_KV_CACHES)
+    assert at["kv_lru"]["prefix_hit_rate"] <= at["kv"]["prefix_hit_rate"]
+    for o in at.values():
+        assert cold.bound.rate_rps <= o["bound_rps"] <= ideal.bound.rate_rps
+        assert o["kserver_bound_rps"] <= o["bound_rps"]
+    assert gap.at_cluster_kv(exp.with_prefix_cache(False)) == {}
+    study = {"capacity_rps": {"tropical+": 2.0, "kv-router": 1.0},
+             "at_cluster_kv": {"kv": {"prefix_hit_rate": 0.5, "bound_rps": 5.0, "kserver_bound_rps": 4.0}}}
+    row = gap.cluster_kv_markdown(study)[-1].splitlines()[-1]
+    assert row.split()[-5:] == ["50.0%", "5.000", "4.000", "50%", "25%"]
+    assert gap.cluster_kv_markdown({"capacity_rps": {}, "at_cluster_kv": {}}) == []

@@ -9,9 +9,9 @@ For each trace (the paper cluster, the preset SLOs):
   hit it had in the policy's run at its capacity (the bounds above assume one unbounded
   cluster-wide cache), so that the share of the gap that is reuse is told from the scheduling;
 - the same bounds priced at the reuse of one cluster-wide cache the size of the cluster's KV
-  (HBM), evicting furthest next use first (clairvoyant: no cache that size reuses more) or least
-  recently used first, and each policy's share of their k-server bounds: what a target priced at
-  the unbounded cache asks beyond the cluster's memory;
+  (HBM), evicting furthest next use first (clairvoyant) or least recently used first (as the
+  engines evict), and each policy's share of their k-server bounds: what a target priced at the
+  unbounded cache asks beyond the cluster's memory;
 - the capacity of each variant of the k-server ideal (its servers never preempting, each prompt
   bound at its arrival to one server, both), and each policy's share of it;
 - at the k-server bound's rate (where the ideal of k servers meets >= 90% of TTFT SLOs) and at
@@ -234,13 +234,14 @@ def at_cluster_kv(base: Experiment) -> dict:
 
 
 def cluster_kv_markdown(r: dict) -> list[str]:
-    """The bounds at the reuse the cluster's KV allows, with each policy's share of them."""
+    """The bounds at the reuse the cluster's KV allows, with each policy's share of them (none
+    where the trace has no reuse: they are the bounds above)."""
     caps, at = r["capacity_rps"], r.get("at_cluster_kv") or {}
-    if not at:
+    if not any(o["prefix_hit_rate"] for o in at.values()):
         return []
     return ["", "The bounds priced at the reuse one cluster-wide cache the size of the cluster's KV "
-            "gives (no cache that size reuses more than the first), and each policy's share of "
-            "their k-server bound:", "",
+            "gives (the first evicting clairvoyantly, the second as the engines do), and each "
+            "policy's share of their k-server bound:", "",
             render(["cache", "prefix hit rate", "work bound (req/s)", "k-server bound (req/s)", *caps],
                    [[CLUSTER_KV_CACHES[name], f"{o['prefix_hit_rate']:.1%}", f"{o['bound_rps']:.3f}",
                      f"{o['kserver_bound_rps']:.3f}",

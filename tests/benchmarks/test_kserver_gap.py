@@ -88,3 +88,5 @@ def test_the_bounds_at_the_cluster_s_kv_lie_between_none_and_the_unbounded_cache
     row = gap.cluster_kv_markdown(study)[-1].splitlines()[-1]
     assert row.split()[-5:] == ["50.0%", "5.000", "4.000", "50%", "25%"]
     assert gap.cluster_kv_markdown({"capacity_rps": {}, "at_cluster_kv": {}}) == []
+    none = {"kv": {"prefix_hit_rate": 0.0, "bound_rps": 5.0, "kserver_bound_rps": 4.0}}
+    assert gap.cluster_kv_markdown({"capacity_rps": {"tropical+": 2.0}, "at_cluster_kv": none}) == []

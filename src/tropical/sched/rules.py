@@ -24,6 +24,12 @@ def check_size_weight(weight: float) -> None:
                          f"(-1: latest start; 0: deadline), got {weight}")
 
 
+def check_piece(tokens: int, name: str) -> None:
+    """Refuse a negative piece length (``name``: the setting it came from)."""
+    if tokens < 0:
+        raise ValueError(f"{name} must be 0 (whole prompts) or a number of tokens, got {tokens}")
+
+
 class Role(str, Enum):
     """A worker's job in the cluster: whether it ``decodes`` (all but prefill workers) and
     whether it ``takes_arrivals`` (a fresh request can be prefilled there; decode workers only
@@ -76,6 +82,4 @@ class BatchRules:
         if self.token_budget < 1 or self.max_seqs < 1:
             raise ValueError("token_budget and max_seqs must be at least 1")
         check_size_weight(self.size_weight)
-        if self.piece_tokens < 0:
-            raise ValueError(f"piece_tokens must be 0 (whole prompts) or a number of tokens, "
-                             f"got {self.piece_tokens}")
+        check_piece(self.piece_tokens, "piece_tokens")

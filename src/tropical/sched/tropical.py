@@ -46,7 +46,7 @@ from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at, prompt_floor_vector, prompt_floors
 from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.roles import RoleSwitch
-from tropical.sched.rules import LATEST_START, BatchRules, Role, check_size_weight
+from tropical.sched.rules import LATEST_START, BatchRules, Role, check_piece, check_size_weight
 from tropical.sched.slack import Decoding, SlackRule
 from tropical.sched.worker import WorkerState
 from tropical.sched.worker_views import WorkerViews
@@ -121,9 +121,8 @@ class ToggleParams:
     prefill_piece: int | None = None
 
     def __post_init__(self) -> None:
-        if self.prefill_piece is not None and self.prefill_piece < 0:
-            raise ValueError(f"prefill_piece must be 0 (whole prompts) or a number of tokens, "
-                             f"got {self.prefill_piece}")
+        if self.prefill_piece is not None:
+            check_piece(self.prefill_piece, "prefill_piece")
         if self.shortlist < 2:
             raise ValueError(f"shortlist must be at least 2 workers, got {self.shortlist}")
         if self.prefill_budget is not None and self.prefill_budget < 1:

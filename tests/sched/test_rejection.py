@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.factories import make_request, make_worker, start_decoding
 from tropical.config import SimConfig
+from tropical.core.request import Request
+from tropical.core.slo import SLO
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.cluster import Assigned, Cluster, Fail
 from tropical.sched.policy import Policy
@@ -167,3 +171,49 @@ def test_a_prefill_worker_s_request_is_judged_by_the_decoders_it_could_join():
 
 def test_every_policy_defaults_to_admitting_everything():
     assert Policy.admission == Admission() and not Admission().active
+
+
+def chunked_worker_decoding(share: float) -> Cluster:
+    """A chunked worker (2,048-token budget) decoding 10 requests of 1,100 tokens at their
+    longest, ``share`` of its recent iterations chunked. With a 100-token request joining, a
+    decode iteration takes 17.3 ms and one that fills the budget with a chunk 269.5 ms."""
+    policy = ColocatedPolicy(4096, chunked=True)
+    policy.admission = PREDICTIVE
+    worker = make_worker(Role.COLOCATED, policy.rules(Role.COLOCATED), KV)
+    for i in range(10):
+        start_decoding(worker, make_request(100 + i, prompt=100, output=1000, tpot=10.0))
+    worker.chunk_share = share
+    return Cluster([worker], policy)
+
+
+def arriving(tpot: float, tbt: float = math.inf, rid: int = 0) -> Request:
+    """A 100-token prompt with as many to answer; time to wait for its first token."""
+    return Request(rid, 0.0, 100, 100, SLO(100.0, tpot, tbt))
+
+
+@pytest.mark.parametrize(("share", "admitted"), [(0.0, True), (0.25, True), (0.4, False), (1.0, False)])
+def test_a_chunked_worker_s_decode_is_priced_at_the_share_of_its_iterations_that_carry_a_chunk(
+        share, admitted):
+    """Against a 0.1 s TPOT SLO: a chunk in every iteration breaks it, and so does one in 40% of
+    them (mean 118 ms), but not one in a quarter of them (80 ms): a TPOT SLO bounds the mean."""
+    placed = chunked_worker_decoding(share).arrive(arriving(0.1), 0.0)[0]
+    assert isinstance(placed, Assigned) is admitted
+    if not admitted:
+        assert placed.refusal.reason == DECODE_LOAD and "mean decode iteration" in placed.reason
+
+
+def test_the_prompts_queued_on_a_chunked_worker_add_their_chunks_to_its_recent_share():
+    """A 40,720-token prompt queued: its 20 chunks over a 100-token answer put a chunk in a
+    fifth of its iterations (mean 274 ms against a 0.3 s TPOT SLO, where one that fills the
+    budget takes 1.14 s); with a fifth of the recent iterations chunked too, in 40% (489 ms)."""
+    for share, admitted in ((0.0, True), (0.2, False)):
+        cluster = chunked_worker_decoding(share)
+        cluster.workers[0].enqueue(make_request(50, prompt=2036 * 20, output=1, ttft=1e6))
+        placed = cluster.arrive(arriving(0.3), 0.0)[0]
+        assert isinstance(placed, Assigned) is admitted
+
+
+def test_one_chunked_iteration_longer_than_the_tbt_slo_refuses_however_rare():
+    placed = chunked_worker_decoding(0.01).arrive(arriving(0.1, tbt=0.2), 0.0)[0]
+    assert isinstance(placed, Fail) and "TBT SLO 0.2s" in placed.reason
+    assert isinstance(chunked_worker_decoding(0.01).arrive(arriving(0.1, tbt=0.3), 0.0)[0], Assigned)

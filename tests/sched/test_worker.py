@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from tests.factories import make_request, make_worker, migrate_in, start_decoding
 from tropical.sched.rules import Role
+from tropical.sched.worker import CHUNK_SHARE_KEEP
 
 
 def test_lazy_decode_tracks_each_request_exactly():
@@ -457,3 +458,20 @@ def test_work_ahead_is_the_whole_queue_under_arrival_order_and_follows_its_chang
     lax.abort(lax.waiting[1])
     assert lax.work_ahead(10.0, 64) == pytest.approx(lax.queued_work)
     assert lax.queued_work < before
+
+
+def test_chunk_share_follows_the_decode_iterations_that_carried_a_prompt():
+    worker = make_worker()
+    start_decoding(worker, make_request(1, prompt=100, output=10_000))
+    prompt = make_request(2, prompt=1000)
+    worker.enqueue(prompt)
+    worker.start_prefills([(prompt, 500)])
+    worker.advance_decodes(1, 1.0)
+    assert worker.chunk_share == pytest.approx(1 - CHUNK_SHARE_KEEP)
+    worker.start_prefills([])
+    worker.advance_decodes(3, 2.0, first=0.1)
+    assert worker.chunk_share == pytest.approx((1 - CHUNK_SHARE_KEEP) * CHUNK_SHARE_KEEP ** 3)
+    for step in range(2000):
+        worker.start_prefills([(prompt, 1)])
+        worker.advance_decodes(1, 3.0 + step)
+    assert worker.chunk_share == pytest.approx(1.0, abs=1e-6)

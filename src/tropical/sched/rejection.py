@@ -146,23 +146,37 @@ def decode_refusal(req: Request, worker: WorkerState, first_token: float, now: f
                    workers: Sequence[WorkerState]) -> Refusal | None:
     """Refuse ``req`` if no worker it may decode on (``worker`` itself when that decodes) is
     predicted to run decode iterations within its TPOT SLO, and those of the requests decoding
-    there, once its prefill ends at ``first_token``."""
+    there, on average, and each within its TBT SLO, once its prefill ends at ``first_token``."""
     if worker.role.decodes:
         targets, joining = [worker], Joining()
     else:
         targets = [w for w in workers if w.alive and w.role.decodes]
         joining = Joining.of([w for w in workers if w.alive and not w.role.decodes], len(targets))
-    loads = [(decode_load(w, req, joining, decode_steps(w, first_token, now) if w is not worker else 0)
-              - min(req.slo.tpot, w.min_tpot()), w.id) for w in targets]
-    if not loads:
+    overs = []
+    for w in targets:
+        load = decode_load(w, req, joining, decode_steps(w, first_token, now) if w is not worker else 0)
+        tpot = min(req.slo.tpot, w.min_tpot())
+        overs.append((max(load.mean - tpot, load.peak - req.slo.tbt), w.id, load, tpot))
+    if not overs:
         return None
-    over, target = min(loads)
+    over, target, load, tpot = min(overs)
     if over <= 0:
         return None
-    iteration = over + min(req.slo.tpot, workers[target].min_tpot())
-    return Refusal(DECODE_LOAD, f"predicted decode iteration {iteration:.4g}s on worker {target} when its "
-                                f"prefill ends exceeds the TPOT SLO {iteration - over:.4g}s",
+    said = (f"mean decode iteration {load.mean:.4g}s on worker {target} when its prefill ends exceeds "
+            f"the TPOT SLO {tpot:.4g}s" if load.mean > tpot else
+            f"decode iteration {load.peak:.4g}s on worker {target} when its prefill ends exceeds "
+            f"the TBT SLO {req.slo.tbt:.4g}s")
+    return Refusal(DECODE_LOAD, f"predicted {said}",
                    max(first_token - now, 0.0) + next_finish(workers[target], now))
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLoad:
+    """A worker's decode iterations predicted once a request joins: their ``mean`` over its
+    decode, and the longest (``peak``, one that carries a chunk of prompt)."""
+
+    mean: float
+    peak: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +202,16 @@ def decode_steps(worker: WorkerState, at: float, now: float) -> int:
     return int(max(0.0, at - max(now, worker.busy_until)) / current_iteration(worker))
 
 
-def decode_load(worker: WorkerState, req: Request, joining: Joining, steps: int) -> float:
+def decode_load(worker: WorkerState, req: Request, joining: Joining, steps: int) -> DecodeLoad:
     """Predicted time of ``worker``'s decode iterations once ``req`` joins, ``steps`` decode
     iterations from now: the running requests that will not have finished by then, those on
     their way, the prompts queued there, those ``joining`` from prefill workers, and ``req``,
-    each at its longest context (it grows while they decode); on a chunked worker with prompts
-    queued now, beside a chunk that fills its token budget (one whose chunks the TPOT slack
-    sizes keeps its decodes' pace) over the context ``mean_cached`` of them. A worker that
-    prefills ``req`` itself runs no decode steps before (``steps`` 0): its prompts come first,
-    or share their iterations."""
+    each at its longest context (it grows while they decode). On a chunked worker (unless its
+    TPOT slack sizes its chunks, keeping its decodes' pace) an iteration may carry a chunk that
+    fills its token budget, over the context ``mean_cached`` of the prompts queued there, in the
+    share ``chunk_share`` of them: their ``mean`` is what a TPOT SLO bounds, and a TBT SLO
+    bounds each, the chunked one too. A worker that prefills ``req`` itself runs no decode steps
+    before (``steps`` 0): its prompts come first, or share their iterations."""
     queued = [*worker.incoming.values(), *worker.waiting]
     count = 1 + len(queued) + joining.count
     context = req.kv_tokens + sum(r.kv_tokens for r in queued) + joining.context
@@ -204,11 +219,23 @@ def decode_load(worker: WorkerState, req: Request, joining: Joining, steps: int)
         if worker.generated(r) + steps < r.output_len:
             count, context = count + 1, context + r.kv_tokens
     shape = BatchShape.decode(count, context)
+    base = worker.latency.iteration_time(shape)
     rules = worker.rules
-    filled = rules.chunked and rules.tpot_guard is None and worker.waiting_prompt > 0
-    chunk = rules.token_budget - count if filled else 0
-    return worker.latency.iteration_time(shape.plus_prefill(chunk, mean_cached(worker.waiting, req))
-                                         if chunk > 0 else shape)
+    chunk = rules.token_budget - count if rules.chunked and rules.tpot_guard is None else 0
+    if chunk <= 0:
+        return DecodeLoad(base, base)
+    full = worker.latency.iteration_time(shape.plus_prefill(chunk, mean_cached(worker.waiting, req)))
+    return DecodeLoad(base + chunk_share(worker, req, chunk) * (full - base), full)
+
+
+def chunk_share(worker: WorkerState, req: Request, chunk: int) -> float:
+    """The share of ``req``'s decode iterations on chunked ``worker`` predicted to carry a chunk
+    of ``chunk`` prompt tokens: the worker's recent share (``chunk_share``: the prompts that
+    arrive while it decodes are chunked beside it as those before were) and the chunks the
+    prompts queued there now need, spread over its decode steps (a backlog now says the
+    arrivals outpace the chunks; counting it also keeps this share up while a burst begins)."""
+    backlog = math.ceil(worker.waiting_prompt / chunk) / max(1, req.output_len)
+    return min(1.0, worker.chunk_share + backlog)
 
 
 def mean_cached(prompts: Iterable[Request], req: Request) -> int:

@@ -29,6 +29,11 @@ from tropical.sched.prefix_directory import PrefixDirectory
 from tropical.sched.rules import BatchRules, Role
 from tropical.sched.token_gaps import TokenGaps
 
+CHUNK_SHARE_KEEP = 1.0 - 1.0 / 128
+"""How much of ``chunk_share`` one more decode iteration keeps: it forgets over about 128 of them,
+fewer than a conversation's answer has tokens (343 on average), so it follows a change of load
+within one answer."""
+
 
 @dataclass(slots=True, eq=False)
 class WorkerState:
@@ -44,6 +49,9 @@ class WorkerState:
     that joined the batch after their first token came elsewhere (migrated KV) until they are on
     pace with their TPOT SLO (see ``catch_up_deadline``). ``host_load_s``: seconds to load one
     token's KV from the prefix cache's host-memory tier, if it has one (``add_host_tier``).
+    ``chunk_share``: the share of its recent decode iterations that also carried prompt tokens,
+    about the last ``1 / (1 - CHUNK_SHARE_KEEP)`` of them (the steady state that predictive
+    admission expects a new request to decode beside).
     """
 
     id: int
@@ -86,6 +94,7 @@ class WorkerState:
     _priced_queue: tuple[int, int, tuple[tuple[Request, float], ...], int] = (-1, 0, (), 0)
     _queue_sums: tuple[tuple[tuple[Request, float], ...], list[float], list[float]] = ((), [], [0.0])
     host_load_s: float = 0.0
+    chunk_share: float = 0.0
     _loads_taken: int = 0
 
     def _lagging(self) -> Lag | None:
@@ -626,6 +635,8 @@ class WorkerState:
         assert n >= 1 and batch, "advancing an empty decode batch"
         assert n <= self._finishes[0][0] - self._steps, "a decode run must not skip past a finish"
         self.gaps.booked(self._steps, n, batch, now, first, growth)
+        keep = CHUNK_SHARE_KEEP if n == 1 else CHUNK_SHARE_KEEP ** n
+        self.chunk_share = self.chunk_share * keep + (1.0 - keep) * (self.batch_prefills > 0)
         self._steps += n
         self._decode_context += n * batch
         self._running_remaining -= n * batch

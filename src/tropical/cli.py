@@ -97,7 +97,8 @@ POLICY_HELP = {
                        "are at risk (tropical)",
     "admission": "which requests to refuse before any work (every policy): none; early-reject "
                  "(its predicted TTFT misses the SLO, at arrival or while still queued); predictive "
-                 "(also the decode load predicted for its prefill's end breaks its TPOT SLO)",
+                 "(also the decode load predicted for its prefill's end breaks its TPOT SLO on "
+                 "average, or its TBT SLO in one iteration)",
 }
 
 TBT_SCALE_HELP = "TBT SLO (longest gap between two tokens) = this x the TPOT SLO"

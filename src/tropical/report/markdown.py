@@ -358,8 +358,9 @@ def overload_section(rep: Reproduction) -> str:
             f"({past.bound_rps:.3f} req/s), as a share of it; a refused request is a miss (attainment "
             "counts every arrival). `early-reject` refuses what no path is predicted to serve within "
             "its TTFT SLO, at arrival or while still queued with nothing computed; `predictive` also "
-            "what the decode load predicted for its prefill's end would push past its TPOT SLO, or "
-            "past that of the requests decoding there.\n\n"
+            "what the decode load predicted for its prefill's end would push past its TPOT SLO (on "
+            "average) or its TBT SLO (in one iteration), or past that of the requests decoding "
+            "there.\n\n"
             + _table(["policy", "admission", *(f"goodput, {h}" for h in heads),
                       *(f"refused, {h}" for h in heads)], rows) + "\n")
 

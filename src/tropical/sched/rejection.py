@@ -8,8 +8,9 @@ behind others that will miss too. One admission stage serves every policy, asked
                  misses its TTFT SLO; and refuse a queued request, while nothing has been computed
                  for it, once its TTFT can no longer be met behind the prompts ahead of it.
 ``predictive``   also refuse when the decode load predicted for the moment its prefill would end
-                 breaks its TPOT SLO (Mooncake's prediction-based early rejection: the load *then*,
-                 not now, so that prefill and decode admissions do not oscillate).
+                 breaks its TPOT SLO on average or its TBT SLO in one iteration (Mooncake's
+                 prediction-based early rejection: the load *then*, not now, so that prefill and
+                 decode admissions do not oscillate).
 
 Predictions reuse each worker's latency model: a prompt's prefill time (``prefill_estimate``,
 ``prefill_cost``), when a worker is free (``busy_until``) and a decode iteration's time. A

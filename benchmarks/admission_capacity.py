@@ -21,6 +21,7 @@ from tropical.config import SimConfig
 from tropical.report.tables import render
 from tropical.sched.rejection import AdmissionMode
 from tropical.sim.build import experiment
+from tropical.sim.overload import MODES, admitting
 from tropical.sim.run import Experiment, simulate
 from tropical.sim.sweep import PolicyCapacity, capacities
 
@@ -58,8 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     base = experiment(replace(SimConfig().with_preset(), limit=args.limit or None))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    jobs = {(p, mode.value): replace(base.with_policy(p), params=replace(base.params, admission=mode))
-            for p in policies for mode in AdmissionMode}
+    jobs = {(p, mode): admitting(base.with_policy(p), mode) for p in policies for mode in MODES}
     found = capacities(jobs, processes=args.jobs, progress=None if args.json else "capacity search")
     rps = {key: found[key].capacity_rps for key in jobs}
     tails = {key: at_capacity(jobs[key], found[key]) for key in jobs}

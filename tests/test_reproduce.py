@@ -43,6 +43,14 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
     for modes in overload.values():
         assert set(modes) == {"none", "early-reject", "predictive"}
         assert all(set(shares) == {"1.5", "2.0"} and min(shares.values()) >= 0 for shares in modes.values())
+    admitted = result["capacity_with_admission_rps"]    # capacity that no deferral reaches
+    assert set(admitted) == policies
+    for p, modes in admitted.items():
+        assert set(modes) == {"none", "early-reject", "predictive"}
+        assert modes["none"] == result["capacity_rps"][p]
+    best = max(max(admitted[p].values()) for p in baselines)
+    for p, r in result["ratio_vs_best_baseline_with_admission"].items():
+        assert r == pytest.approx(max(admitted[p].values()) / best)
     for name in ("report.md", "attainment_vs_rate.png", "capacities.png", "latency_cdfs.png",
                  "queueing.png", "overload.png", "reproduction.json"):
         assert (out / name).stat().st_size > 0
@@ -65,6 +73,7 @@ def test_reproduce_writes_report_plots_and_json(tmp_path, capsys):
                     "work bound (most vs best baseline)", "pooled bound (most vs best baseline)",
                     "Headroom in the sensitivity rows", "work queued at last arrival",
                     "Past capacity: goodput under each admission mode",
+                    "Capacity with admission", "**Best baseline with admission**",
                     "had no request waited", "Analysis",
                     "ablation", "chunked multiplexing", "predictor noise", "role split",
                     "TPOT 2x, TTFT 5x", "synthetic", "azure-code", "stall", "Prefix caching",

@@ -234,7 +234,9 @@ def chunk_share(worker: WorkerState, req: Request, chunk: int) -> float:
     of ``chunk`` prompt tokens: the worker's recent share (``chunk_share``: the prompts that
     arrive while it decodes are chunked beside it as those before were) and the chunks the
     prompts queued there now need, spread over its decode steps (a backlog now says the
-    arrivals outpace the chunks; counting it also keeps this share up while a burst begins)."""
+    arrivals outpace the chunks; counting it also keeps this share up while a burst begins).
+    A self-scheduled worker's mirror books no chunks (``sched.mirror``): there the backlog
+    alone counts."""
     backlog = math.ceil(worker.waiting_prompt / chunk) / max(1, req.output_len)
     return min(1.0, worker.chunk_share + backlog)
 

@@ -1,4 +1,5 @@
-"""Goodput past capacity: every policy under every admission mode, offered more than the work bound.
+"""Goodput past capacity: every policy under every admission mode, offered more than the work bound;
+and each policy's capacity under each mode that refuses.
 
 Attainment's denominator is every arrival and goodput is the requests attained per second of the
 run, so a refusal is a miss like any other: admission pays off only where it lets the cluster
@@ -14,12 +15,14 @@ from dataclasses import asdict, dataclass, field, replace
 from tropical.core.metrics import goodput
 from tropical.sched.rejection import AdmissionMode
 from tropical.sim.run import Experiment
-from tropical.sim.sweep import run_all, simulate_and_tick
+from tropical.sim.sweep import PolicyCapacity, capacities, run_all, simulate_and_tick
 
 MULTIPLES = (1.5, 2.0)
 """Offered rates as multiples of the work bound (six full runs per policy: a reproduction's
 budget; ``overload`` takes others)."""
 MODES = tuple(m.value for m in AdmissionMode)
+ADMITTING = tuple(m for m in MODES if m != AdmissionMode.NONE.value)
+"""The modes that refuse: a policy's capacity without admission is its plain capacity."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,7 @@ def overload_point(exp: Experiment) -> OverloadPoint:
 def overload(base: Experiment, policies: Sequence[str], bound_rps: float, processes: int = 2,
              progress: str | None = "overload", multiples: Sequence[float] = MULTIPLES) -> Overload:
     """Each policy at each multiple of ``bound_rps`` under each admission mode."""
-    jobs = {(policy, mode, m): (_admitting(base.with_policy(policy), mode).at_rate(
+    jobs = {(policy, mode, m): (admitting(base.with_policy(policy), mode).at_rate(
                 m * bound_rps / base.trace.mean_rate),)
             for policy in policies for mode in MODES for m in multiples}
     found = run_all(overload_point, jobs, processes, progress)
@@ -73,5 +76,19 @@ def overload(base: Experiment, policies: Sequence[str], bound_rps: float, proces
     return Overload(bound_rps, points)
 
 
-def _admitting(exp: Experiment, mode: str) -> Experiment:
+def admitting(exp: Experiment, mode: str) -> Experiment:
+    """``exp`` under admission ``mode`` (an ``AdmissionMode`` value)."""
     return replace(exp, params=replace(exp.params, admission=AdmissionMode(mode)))
+
+
+def admission_capacities(base: Experiment, policies: Sequence[str], processes: int = 2,
+                         progress: str | None = "admission") -> dict[str, dict[str, PolicyCapacity]]:
+    """Each policy's goodput capacity (the paper's metric, a refusal counted as a miss) under each
+    admitting mode: {policy: {mode: capacity}}. Admitting everything, a policy can reach its
+    capacity by leaving the requests it cannot serve in time queued; refusing them at arrival, it
+    cannot."""
+    jobs = {(p, mode): admitting(base.with_policy(p), mode) for p in policies for mode in ADMITTING}
+    out: dict[str, dict[str, PolicyCapacity]] = {}
+    for (policy, mode), found in capacities(jobs, processes=processes, progress=progress).items():
+        out.setdefault(policy, {})[mode] = found
+    return out

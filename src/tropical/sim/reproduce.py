@@ -5,7 +5,8 @@ and stream attainment, which also bounds every gap between two tokens) against t
 and the pooled bound (the work bound with the trace's bursts kept);
 each policy at its own capacity (work left queued at the last arrival, tail TTFT); latency
 distributions at a common rate (the best baseline's capacity); attainment against rate; goodput
-past capacity under each admission mode (``sim/overload.py``); and
+past capacity under each admission mode and each policy's capacity with admission
+(``sim/overload.py``); and
 capacity ratios for the toggle's mechanisms one by one, under predictor noise, other role
 splits, other traces, SLO settings and shorter requests (on a slice of each trace, for time).
 The best baseline is the best of all baseline variants (chunk sizes included) in each setting.
@@ -29,11 +30,12 @@ from tropical.sched.registry import (
     PLUS_SIZE_WEIGHT,
     PolicyParams,
 )
+from tropical.sched.rejection import AdmissionMode
 from tropical.sched.rules import LATEST_START
 from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
 from tropical.sim.ideal_cache import FURTHEST, LRU
-from tropical.sim.overload import Overload, overload
+from tropical.sim.overload import Overload, admission_capacities, overload
 from tropical.sim.pooled_bound import PooledCluster, cache_hits
 from tropical.sim.run import Experiment, SimResult, prefix_note, request_slos
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
@@ -204,6 +206,7 @@ class Reproduction:
     reuse_bound: dict[str, float] = field(default_factory=dict)
     overload: Overload | None = None
     kserver_rps: float = 0.0
+    admitted: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def best_baseline(self) -> str:
@@ -220,6 +223,23 @@ class Reproduction:
     def stream_ratio_vs_best_baseline(self) -> dict[str, float]:
         best = self.capacity[self.best_stream_baseline].stream_capacity_rps
         return {p: ratio(c.stream_capacity_rps, best) for p, c in self.capacity.items()}
+
+    def with_admission(self, policy: str) -> tuple[str, float]:
+        """``policy``'s highest capacity over the admission modes (``none`` on a tie), and the mode."""
+        none = AdmissionMode.NONE.value
+        modes = {none: self.capacity[policy].capacity_rps, **self.admitted.get(policy, {})}
+        mode = max(modes, key=lambda m: (modes[m], m == none))
+        return mode, modes[mode]
+
+    @property
+    def best_admitting_baseline(self) -> str:
+        """The baseline with the highest capacity in its best admission mode."""
+        return max(filter(is_baseline, self.capacity), key=lambda p: self.with_admission(p)[1])
+
+    def admission_ratio_vs_best_baseline(self) -> dict[str, float]:
+        """Each policy's capacity in its best admission mode over the best baseline's in its own."""
+        best = self.with_admission(self.best_admitting_baseline)[1]
+        return {p: ratio(self.with_admission(p)[1], best) for p in self.capacity}
 
     def headline(self) -> dict:
         """The ``--json`` line: capacities and ratios under both attainments, and the bound."""
@@ -240,6 +260,11 @@ class Reproduction:
             "bound_at_own_reuse_rps": self.reuse_bound,
             **({} if self.paper is None else {"paper_setting": self.paper.as_dict()}),
             **({} if self.overload is None else {"overload": self.overload.shares()}),
+            **({} if not self.admitted else {
+                "capacity_with_admission_rps": {p: {AdmissionMode.NONE.value: c.capacity_rps,
+                                                    **self.admitted[p]}
+                                                for p, c in self.capacity.items()},
+                "ratio_vs_best_baseline_with_admission": self.admission_ratio_vs_best_baseline()}),
         }
 
     def as_dict(self) -> dict:
@@ -277,13 +302,15 @@ def reproduce(base: Experiment, slice_of: Callable[[str], Trace], processes: int
     studies = _studies(base, caps, slice_of, processes, label) if sensitivity else []
     cached = base.prefix_cache
     past = overload(base, names, bound.rate_rps, processes, label)
+    admitted = admission_capacities(base, names, processes, label)
     return Reproduction(base, caps, common, {p: _at_rate(runs[(p, "common")], bound) for p in names},
                         curve, studies, slack_budget(base), bound,
                         {p: _at_rate(runs[(p, "own")], bound) for p in names}, pooled.capacity(),
                         paper_setting(base, processes, label) if cached else None,
                         *(ideal_caches(base) if cached else ({}, {})),
                         {p: bound_at_reuse(runs[(p, "own")]) for p in names} if cached else {}, past,
-                        pooled.kserver_capacity())
+                        pooled.kserver_capacity(),
+                        {p: {m: c.capacity_rps for m, c in modes.items()} for p, modes in admitted.items()})
 
 
 def bound_at_reuse(run: SimResult) -> float:

@@ -58,7 +58,7 @@ from tropical.core.request import Request
 from tropical.report.markdown import CAUSES
 from tropical.report.tables import render
 from tropical.sim.build import experiment
-from tropical.sim.pooled_bound import PooledCluster, cache_hits
+from tropical.sim.pooled_bound import PooledCluster, cache_hits, hit_share
 from tropical.sim.reproduce import IDEAL_CACHES
 from tropical.sim.run import Experiment, simulate
 from tropical.sim.simulator import WorkerStats
@@ -195,7 +195,7 @@ def study(trace: str, policies: list[str], window: float, past: float, quantum: 
     return {
         "at_own_reuse": {p: own_reuse(base.with_policy(p), c.result.rate_scale) for p, c in found.items()},
         "at_cluster_kv": at_cluster_kv(base),
-        "ideal_prefix_hit_rate": sum(hits) / sum(e.input_len for e in base.trace.entries),
+        "ideal_prefix_hit_rate": hit_share(base, hits),
         "trace": trace, "requests": len(base.trace), "workers": pooled.workers,
         "bound_rps": pooled.bound.rate_rps, "pooled_bound_rps": pooled_cap, "kserver_bound_rps": kserver,
         "capacity_rps": {p: c.capacity_rps for p, c in found.items()},
@@ -222,13 +222,12 @@ CLUSTER_KV_CACHES = {"kv": "the cluster's KV, furthest next use evicted first",
 def at_cluster_kv(base: Experiment) -> dict:
     """The bounds had every prompt the hit one cluster-wide cache the size of the cluster's KV
     gives it, for each of ``CLUSTER_KV_CACHES`` (empty when the cache is off)."""
-    prompt = sum(e.input_len for e in base.trace.entries)
     out = {}
     for name in CLUSTER_KV_CACHES:
         hits = cache_hits(base, *IDEAL_CACHES[name])
         if hits is not None:
             pooled = PooledCluster.of(base, hits)
-            out[name] = {"prefix_hit_rate": sum(hits) / prompt, "bound_rps": pooled.bound.rate_rps,
+            out[name] = {"prefix_hit_rate": hit_share(base, hits), "bound_rps": pooled.bound.rate_rps,
                          "kserver_bound_rps": pooled.kserver_capacity()}
     return out
 

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from tests.sim.test_simulator import cluster
 from tropical.core.slo import SLOSpec
-from tropical.sim.pooled_bound import PooledCluster, deadline_attainment
+from tropical.sim.pooled_bound import PooledCluster, deadline_attainment, hit_share
 from tropical.sim.run import Experiment
 from tropical.workload.trace import Trace, TraceEntry
 
@@ -95,3 +95,9 @@ def test_a_run_s_hits_are_its_requests_cached_tokens_in_trace_order():
     by_id = {r.id: r.cached for r in run.requests}
     assert run.hits == [by_id[i] for i in sorted(by_id)]
     assert run.hits[0] == 0 and max(run.hits) > 0
+
+
+def test_hit_share_is_the_hits_over_every_prompt_token():
+    exp = _experiment([TraceEntry(0.0, 1000, 5), TraceEntry(1.0, 3000, 5)])
+    assert hit_share(exp, [0, 0]) == 0.0
+    assert hit_share(exp, [500, 1500]) == pytest.approx(0.5)

@@ -36,6 +36,11 @@ def cache_hits(exp: Experiment, kv_limited: bool = False, eviction: str = FURTHE
     return ideal_hits(exp.trace.entries, cluster.block_size, size, eviction)
 
 
+def hit_share(exp: Experiment, hits: Sequence[int]) -> float:
+    """The share of ``exp``'s prompt tokens that ``hits`` (one per request) cover."""
+    return sum(hits) / sum(e.input_len for e in exp.trace.entries)
+
+
 @dataclass(frozen=True, slots=True)
 class PooledCluster:
     """An experiment's prompts priced once on its reference worker (``works``, with their SLOs),

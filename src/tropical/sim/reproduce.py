@@ -36,7 +36,7 @@ from tropical.sched.slack import SlackRule
 from tropical.sim.bound import WorkBound, queued_work, unwaited_work, work_bound
 from tropical.sim.ideal_cache import FURTHEST, LRU
 from tropical.sim.overload import Overload, admission_capacities, overload
-from tropical.sim.pooled_bound import PooledCluster, cache_hits
+from tropical.sim.pooled_bound import PooledCluster, cache_hits, hit_share
 from tropical.sim.run import Experiment, SimResult, prefix_note, request_slos
 from tropical.sim.sweep import PolicyCapacity, capacities, simulations
 from tropical.workload.trace import Trace
@@ -328,12 +328,11 @@ first or least recently used first (as the engines' caches evict)."""
 def ideal_caches(base: Experiment) -> tuple[dict[str, float], dict[str, float]]:
     """Each of ``IDEAL_CACHES``: the share of the trace's prompt tokens it holds, and the work
     bound had every request that hit."""
-    prompt = sum(e.input_len for e in base.trace.entries)
     slos = request_slos(base)
     rates, bounds = {}, {}
     for name, (limited, eviction) in IDEAL_CACHES.items():
         hits = cache_hits(base, limited, eviction) or [0] * len(base.trace)
-        rates[name] = sum(hits) / prompt
+        rates[name] = hit_share(base, hits)
         bounds[name] = work_bound(base.trace, base.cluster, base.params.max_seqs, slos, hits).rate_rps
     return rates, bounds
 

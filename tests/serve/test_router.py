@@ -23,6 +23,7 @@ from tropical.engine.block_hash import block_hashes
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rejection import AdmissionMode
 from tropical.serve.iteration_log import IterationLog
+from tropical.serve.router import Rejected
 from tropical.serve.streams import RequestHandle
 
 EOS = 7
@@ -218,6 +219,27 @@ def test_blocks_a_kv_import_evicts_leave_the_model_before_the_next_plan():
 
     cached = run_virtual(main).router.workers[1].kv.cache.entries
     assert prefix[3] not in cached and {prefix[0], prefix[1], prefix[2]} <= cached.keys()
+
+
+def test_predictive_admission_refuses_live_a_request_whose_decode_would_break_its_tpot():
+    """A TPOT SLO of 1 us: any decode iteration breaks it. The router refuses it at submission
+    with 429, the reason and a retry hint, before it runs; the next ordinary request is served."""
+    hopeless, ordinary = Request(0, 0.0, 50, 5, SLO(10.0, 1e-6)), Request(1, 0.0, 50, 5, SLO(10.0, 0.1))
+
+    async def main(loop):
+        policy = make_policy("chunked-512", PolicyParams(admission=AdmissionMode.PREDICTIVE))
+        fake = start_router(loop, policy, linear_cluster(1, 50_000).build(policy), {0: 50, 1: 50})
+        with pytest.raises(Rejected) as refused:
+            fake.router.submit(submission(hopeless))
+        events = await finished(fake.router.submit(submission(ordinary)))
+        await fake.router.stop()
+        return fake, refused.value, events
+
+    fake, refused, events = run_virtual(main)
+    assert refused.status == 429 and "TPOT SLO" in refused.reason and refused.retry_after is not None
+    assert events[-1].finish_reason == "length"
+    assert [r.id for _, _, batch in fake.plans for r, _, _ in batch.prefills] == [1]
+    assert fake.router.metrics.rejected.labels("decode_load")._value.get() == 1
 
 
 def test_a_queued_request_whose_ttft_lapses_is_refused_with_429_before_it_runs():

@@ -65,8 +65,8 @@ def main() -> None:
     tails = {key: at_capacity(jobs[key], found[key]) for key in jobs}
     if args.json:
         print(json.dumps({"limit": args.limit, "capacity_rps": {f"{p} {m}": c for (p, m), c in rps.items()},
-                          "ratio_to_none": {p: {m.value: rps[(p, m.value)] / rps[(p, "none")]
-                                                if rps[(p, "none")] else float("nan") for m in AdmissionMode}
+                          "ratio_to_none": {p: {m: rps[(p, m)] / rps[(p, "none")]
+                                                if rps[(p, "none")] else float("nan") for m in MODES}
                                             for p in policies},
                           "at_capacity": {f"{p} {m}": t for (p, m), t in tails.items()}}))
         return

@@ -375,8 +375,8 @@ def admission_section(rep: Reproduction) -> str:
     modes = [AdmissionMode.NONE.value, *ADMITTING]
     ratios = rep.admission_ratio_vs_best_baseline()
     rows = []
-    for p, cap in rep.capacity.items():
-        rps = {AdmissionMode.NONE.value: cap.capacity_rps, **rep.admitted[p]}
+    for p in rep.capacity:
+        rps = rep.by_admission(p)
         mode, best = rep.with_admission(p)
         rows.append([p, *(f"{rps[m]:.3f}" for m in modes), mode, _shares(rep, best), f"{ratios[p]:.2f}x"])
     return ("## Capacity with admission\n\n"

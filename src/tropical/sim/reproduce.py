@@ -224,11 +224,14 @@ class Reproduction:
         best = self.capacity[self.best_stream_baseline].stream_capacity_rps
         return {p: ratio(c.stream_capacity_rps, best) for p, c in self.capacity.items()}
 
+    def by_admission(self, policy: str) -> dict[str, float]:
+        """``policy``'s capacity under each admission mode, ``none`` first."""
+        return {AdmissionMode.NONE.value: self.capacity[policy].capacity_rps, **self.admitted.get(policy, {})}
+
     def with_admission(self, policy: str) -> tuple[str, float]:
         """``policy``'s highest capacity over the admission modes (``none`` on a tie), and the mode."""
-        none = AdmissionMode.NONE.value
-        modes = {none: self.capacity[policy].capacity_rps, **self.admitted.get(policy, {})}
-        mode = max(modes, key=lambda m: (modes[m], m == none))
+        modes = self.by_admission(policy)
+        mode = max(modes, key=lambda m: (modes[m], m == AdmissionMode.NONE.value))
         return mode, modes[mode]
 
     @property
@@ -261,9 +264,7 @@ class Reproduction:
             **({} if self.paper is None else {"paper_setting": self.paper.as_dict()}),
             **({} if self.overload is None else {"overload": self.overload.shares()}),
             **({} if not self.admitted else {
-                "capacity_with_admission_rps": {p: {AdmissionMode.NONE.value: c.capacity_rps,
-                                                    **self.admitted[p]}
-                                                for p, c in self.capacity.items()},
+                "capacity_with_admission_rps": {p: self.by_admission(p) for p in self.capacity},
                 "ratio_vs_best_baseline_with_admission": self.admission_ratio_vs_best_baseline()}),
         }
 

@@ -5,6 +5,7 @@ priced too, or when no worker is priced last for a refusal its lineup remembers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -63,7 +64,7 @@ def test_floors_never_exceed_the_price_and_change_no_decision(monkeypatch) -> No
     def checked(self, req, workers, plans, now, worth_by):  # type: ignore[no-untyped-def]
         floor = chunked_floors(req, workers, now)
         assert floor is not None
-        looks.extend((floor(w), self._first_look(req, w, plans, now)) for w in workers)
+        looks.extend((floor(w), self._first_look(req, w, plans, now, False)) for w in workers)
         return walk(self, req, workers, plans, now, worth_by)
 
     monkeypatch.setattr(TropicalPolicy, "_by_first_look", checked)
@@ -84,10 +85,10 @@ def test_workers_whose_floor_is_not_worth_taking_are_never_looked_at(monkeypatch
     looks = 0
     first_look, walk = TropicalPolicy._first_look, TropicalPolicy._by_first_look
 
-    def counted(self, req, worker, plans, now):  # type: ignore[no-untyped-def]
+    def counted(self, req, worker, plans, now, within_slo):  # type: ignore[no-untyped-def]
         nonlocal looks
         looks += 1
-        return first_look(self, req, worker, plans, now)
+        return first_look(self, req, worker, plans, now, within_slo)
 
     def unfiltered(self, req, workers, plans, now, worth_by):  # type: ignore[no-untyped-def]
         return walk(self, req, workers, plans, now, None)
@@ -140,3 +141,40 @@ def test_workers_without_room_for_the_prompt_alone_are_priced_last_and_decide_al
     assert refusals > 100
     monkeypatch.setattr(TropicalPolicy, "_refuses_alone", lambda self, worker, own: False)
     assert fleet_run(None, 1.0, 600) == skipped
+
+
+
+def test_prompts_that_alone_finish_past_their_slo_are_not_lined_up_and_decide_alike(monkeypatch) -> None:
+    """A look whose prompt alone would finish past its TTFT SLO on a worker gets that floor,
+    without lining the worker's queue up: the same decisions as when every look lines it up,
+    fewer lineups built, and at the paper cluster's full trace rate many such looks."""
+    built, floors, read = 0, 0, 0
+    line_up, look, lineup_of = Lineup.of, TropicalPolicy._unchecked_finish, TropicalPolicy._lineup_of
+
+    def counted_build(worker, queue, carried, laxity):  # type: ignore[no-untyped-def]
+        nonlocal built
+        built += 1
+        return line_up(worker, queue, carried, laxity)
+
+    def counted_read(self, worker, now):  # type: ignore[no-untyped-def]
+        nonlocal read
+        read += 1
+        return lineup_of(self, worker, now)
+
+    def counted_look(self, req, worker, now, within_slo):  # type: ignore[no-untyped-def]
+        nonlocal floors
+        before = read
+        finish = look(self, req, worker, now, within_slo)
+        floors += read == before and math.isfinite(finish)
+        return finish
+
+    monkeypatch.setattr(Lineup, "of", staticmethod(counted_build))
+    monkeypatch.setattr(TropicalPolicy, "_lineup_of", counted_read)
+    monkeypatch.setattr(TropicalPolicy, "_unchecked_finish", counted_look)
+    shortcut, shortcut_built = fleet_run(None, 1.0, 600), built
+    assert floors > 100
+    built = 0
+    monkeypatch.setattr(TropicalPolicy, "_unchecked_finish",
+                        lambda self, req, worker, now, within_slo: look(self, req, worker, now, False))
+    assert fleet_run(None, 1.0, 600) == shortcut
+    assert shortcut_built < built

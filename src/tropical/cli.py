@@ -64,8 +64,8 @@ POLICY_HELP = {
                             "may exceed it, so a small budget runs prompts one at a time in queue "
                             "order)",
     "spare_finishing": "true: a multiplexing worker's iteration that finishes a prompt takes no "
-                       "chunk of a later prompt that would make the finished one miss its TTFT "
-                       "SLO (default: true for tropical+, false for tropical)",
+                       "later prompt, whole or a chunk, that would make the finished one miss its "
+                       "TTFT SLO (default: true for tropical+, false for tropical)",
     "placed_dispatch": "true: Path 1 sends a prompt to the prefill worker where it would finish "
                        "soonest at its place in the queue's order (under laxity order, behind only "
                        "the prompts with a lower queue key) instead of by --least-loaded's rule (default: "

@@ -171,3 +171,39 @@ def test_an_iteration_that_finishes_a_prompt_spares_it_a_later_chunk_that_would_
         assert [req.id for req, _, _ in form_batch(worker).prefills] == expected
     worker, _, _ = _short_then_long(spare=True, short_ttft=1.0)          # met either way
     assert [req.id for req, _, _ in form_batch(worker).prefills] == [1, 2]
+
+
+def _short_then_whole(spare: bool, short_ttft: float, tpot: float = 1.0):
+    """A chunked multiplexing worker with three decodes (a loose TPOT SLO, so that one iteration
+    holds several whole prompts) and, queued in order, a short multiplexed prompt and two of
+    600 tokens."""
+    rules = BatchRules(prefill_first=False, chunked=True, token_budget=8192,
+                       tpot_guard=SlackRule.ITERATION, spare_finishing=spare)
+    worker = make_worker(Role.MULTIPLEX, rules=rules)
+    for i in range(3):
+        start_decoding(worker, make_request(100 + i, output=50, tpot=tpot))
+    queued = [make_request(1, prompt=200, ttft=short_ttft, tpot=tpot)]
+    queued += [make_request(rid, prompt=600, ttft=60.0, tpot=tpot) for rid in (2, 3)]
+    for req in queued:
+        req.path = PrefillPath.MULTIPLEX
+        worker.enqueue(req)
+    return worker
+
+
+def test_an_iteration_that_finishes_a_prompt_spares_it_whole_prompts_behind_that_would_cost_its_slo():
+    """The cut is before the first prompt, whole or a chunk, that would end the iteration after
+    the deadline of a prompt it finishes in time: the whole prompts behind a short one wait an
+    iteration as a chunk does; one the deadline leaves room for stays."""
+    packed = form_batch(_short_then_whole(spare=False, short_ttft=10.0))
+    assert [req.id for req, _, _ in packed.prefills] == [1, 2, 3]
+    worker = _short_then_whole(spare=False, short_ttft=10.0)
+    shape = BatchShape.decode(3, worker.decode_context)
+    ends = []
+    for new in (200, 600, 600):
+        shape = shape.plus_prefill(new, 0)
+        ends.append(worker.latency.iteration_time(shape))
+    for deadline, kept in (((ends[0] + ends[1]) / 2, [1]), ((ends[1] + ends[2]) / 2, [1, 2]),
+                           (10.0, [1, 2, 3])):
+        batch = form_batch(_short_then_whole(spare=True, short_ttft=deadline))
+        assert [req.id for req, _, _ in batch.prefills] == kept
+        assert all(new == req.prompt_len for req, new, _ in batch.prefills)

@@ -105,23 +105,26 @@ def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:
 
 
 def _spare_finishing(worker: WorkerState, batch: Batch, now: float) -> Batch:
-    """The batch without its last prompt's chunk (one that leaves some of that prompt for later)
-    if, with it, a prompt the iteration finishes would miss its TTFT SLO that it meets without:
-    the chunk would only fill the iteration's room, and the finished prompt's first token comes
-    when the iteration ends. Under laxity order the finished prompt is the more urgent; the
-    later one loses one iteration's room."""
+    """The batch cut before the first prompt, whole or a chunk, that would end the iteration
+    after the TTFT deadline of a prompt it finishes, one that meets it with the prompts ahead
+    of it alone: chunked prefill fills each iteration's room with the prompts queued next, and
+    a prompt's first token comes when its iteration ends. Under laxity order the finished
+    prompts are the more urgent; those cut wait one iteration. (Cutting only a last chunk left
+    a short prompt's iteration to whole prompts queued behind it: under a loose TPOT SLO, where
+    an iteration holds several, a multiplexed prompt predicted in time missed by the length of
+    theirs.)"""
     if len(batch.prefills) < 2:
         return batch
-    *ahead, (last, new, _) = batch.prefills
-    finishing = [req for req, tokens, _ in ahead if tokens == req.remaining_prompt]
-    if new == last.remaining_prompt or not finishing:
-        return batch
-    spared = Batch(ahead, batch.decode_count, batch.decode_context, batch.held)
     start = now + worker.loads_pending() * worker.host_load_s
-    without = start + worker.latency.iteration_time(spared.shape)
-    full = start + worker.latency.iteration_time(batch.shape)
-    if any(without - req.arrival <= req.slo.ttft < full - req.arrival for req in finishing):
-        return spared
+    shape = BatchShape.decode(batch.decode_count, batch.decode_context)
+    in_time: list[Request] = []
+    for place, (req, new, cached) in enumerate(batch.prefills):
+        shape = shape.plus_prefill(new, cached)
+        end = start + worker.latency.iteration_time(shape)
+        if any(end - done.arrival > done.slo.ttft for done in in_time):
+            return Batch(batch.prefills[:place], batch.decode_count, batch.decode_context, batch.held)
+        if new == req.remaining_prompt and end - req.arrival <= req.slo.ttft:
+            in_time.append(req)
     return batch
 
 

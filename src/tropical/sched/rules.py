@@ -57,9 +57,10 @@ class BatchRules:
     deadline, earliest first, as the k-server ideal orders prompts; above 0: shorter prompts
     ahead of longer ones with deadlines near theirs, which serves more prompts in time when not
     all can be).
-    ``spare_finishing``: an iteration that finishes a prompt takes no chunk of a later prompt that
-    would make the finished one miss its TTFT SLO (chunked prefill fills each iteration's room
-    with the next prompt, and a prompt's first token comes when its last iteration ends).
+    ``spare_finishing``: an iteration that finishes a prompt takes no later prompt, whole or a
+    chunk, that would make the finished one miss its TTFT SLO (chunked prefill fills each
+    iteration's room with the prompts queued next, and a prompt's first token comes when its
+    last iteration ends).
     ``piece_tokens``: on a worker that runs prompts whole (not ``chunked``), a lone prompt
     longer than the budget runs in pieces of at most this many tokens (0: whole), and under
     laxity order its rest is queued again by its key after each piece, so that an urgent prompt

@@ -62,7 +62,7 @@ ABLATION: dict[str, dict[str, object]] = {
     f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches": {
         **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False, "placed_dispatch": False,
         "size_weight": LATEST_START, "prefill_piece": 0},
-    "the same + finishing prompts spared a later prompt's chunk": {
+    "the same + finishing prompts spared the prompts queued behind them": {
         **PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False, "size_weight": LATEST_START,
         "prefill_piece": 0},
     "the same, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False,

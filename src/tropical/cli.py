@@ -66,6 +66,10 @@ POLICY_HELP = {
     "spare_finishing": "true: a multiplexing worker's iteration that finishes a prompt takes no "
                        "later prompt, whole or a chunk, that would make the finished one miss its "
                        "TTFT SLO (default: true for tropical+, false for tropical)",
+    "shorter_first": "true: an arriving prompt at risk on Path 1 takes Path 2 at once only where no "
+                     "shorter prompt at risk waits in the prefill queues; else it queues there and "
+                     "the next round offers Path 2 shortest first (default: true for tropical+, "
+                     "false for tropical)",
     "placed_dispatch": "true: Path 1 sends a prompt to the prefill worker where it would finish "
                        "soonest at its place in the queue's order (under laxity order, behind only "
                        "the prompts with a lower queue key) instead of by --least-loaded's rule (default: "

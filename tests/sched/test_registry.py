@@ -106,3 +106,8 @@ def test_tropical_plus_cuts_long_prompts_into_pieces_by_default_and_the_papers_t
         Role.PREFILL).piece_tokens == 8192
     with pytest.raises(ValueError, match="prefill_piece must be 0"):
         SimConfig(prefill_piece_tokens=-1).policy_params()
+
+
+def test_tropical_plus_offers_arrivals_path_2_shorter_first_and_the_papers_toggle_does_not() -> None:
+    assert make_policy("tropical+").toggle.shorter_first and not make_policy("tropical").toggle.shorter_first
+    assert not make_policy("tropical+", SimConfig(shorter_first=False).policy_params()).toggle.shorter_first

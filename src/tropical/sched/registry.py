@@ -66,7 +66,8 @@ among prompts with near deadlines the shorter go first (the paper's laxity order
 deadline first 0; docs/overload.md measures -1 to 4 on three traces)."""
 PLUS_DEFAULTS: dict[str, Any] = {"demote_doomed": True, "prefill_budget": PLUS_PREFILL_BUDGET,
                                  "spare_finishing": True, "placed_dispatch": True,
-                                 "size_weight": PLUS_SIZE_WEIGHT, "prefill_piece": PLUS_PREFILL_PIECE}
+                                 "size_weight": PLUS_SIZE_WEIGHT, "prefill_piece": PLUS_PREFILL_PIECE,
+                                 "shorter_first": True}
 """What ``tropical+`` adds unless its flags say otherwise."""
 
 

@@ -49,6 +49,9 @@ BASELINES = (*PAPER_BASELINES, *CACHE_ROUTERS)
 TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
 CURVE_FLOOR = 0.05
+_PLUS_BEFORE: dict[str, object] = {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "shorter_first": False}
+"""``tropical+`` before Path 2 at arrival waited for shorter prompts at risk: the ablation's rows
+up to it take away one mechanism more each."""
 ABLATION: dict[str, dict[str, object]] = {
     "paper toggle (per-iteration slack)": {},
     "banked slack": {"slack": SlackRule.BANKED},
@@ -60,20 +63,20 @@ ABLATION: dict[str, dict[str, object]] = {
     "the same + roles both ways": {**PLUS_MECHANISMS, "flex": True},
     "the same + demotion": {**PLUS_MECHANISMS, "demote_doomed": True},
     f"the same + demotion + {PLUS_PREFILL_BUDGET:,}-token prefill batches": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "spare_finishing": False, "placed_dispatch": False,
-        "size_weight": LATEST_START, "prefill_piece": 0},
-    "the same + finishing prompts spared the prompts queued behind them": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False, "size_weight": LATEST_START,
+        **_PLUS_BEFORE, "spare_finishing": False, "placed_dispatch": False, "size_weight": LATEST_START,
         "prefill_piece": 0},
-    "the same, cache-blind Path 1 dispatch": {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "placed_dispatch": False,
-                                              "cache_aware": False, "size_weight": LATEST_START,
-                                              "prefill_piece": 0},
-    "the same + Path 1 by place in the queue": {**PLUS_MECHANISMS, **PLUS_DEFAULTS,
-                                                "size_weight": LATEST_START, "prefill_piece": 0},
+    "the same + finishing prompts spared the prompts queued behind them": {
+        **_PLUS_BEFORE, "placed_dispatch": False, "size_weight": LATEST_START, "prefill_piece": 0},
+    "the same, cache-blind Path 1 dispatch": {**_PLUS_BEFORE, "placed_dispatch": False, "cache_aware": False,
+                                              "size_weight": LATEST_START, "prefill_piece": 0},
+    "the same + Path 1 by place in the queue": {**_PLUS_BEFORE, "size_weight": LATEST_START,
+                                                "prefill_piece": 0},
     f"the same + queues by deadline + {PLUS_SIZE_WEIGHT:g}x the prompt's prefill": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "prefill_piece": 0},
-    f"the same + long prompts in {PLUS_PREFILL_PIECE:,}-token pieces, each rest queued again by its key "
-    "(tropical+)": {**PLUS_MECHANISMS, **PLUS_DEFAULTS},
+        **_PLUS_BEFORE, "prefill_piece": 0},
+    f"the same + long prompts in {PLUS_PREFILL_PIECE:,}-token pieces, each rest queued again by its key":
+        _PLUS_BEFORE,
+    "the same + Path 2 at arrival only where no shorter prompt at risk waits (tropical+)": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS},
 }
 """Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` (the
 registry's ``PLUS_MECHANISMS`` and ``PLUS_DEFAULTS``) and beyond it."""

@@ -27,7 +27,7 @@ def arrivals_past_shorter(monkeypatch, shorter_first: bool) -> tuple[int, int]: 
         moves = place(self, req, now, workers)
         if waiting:
             taken += moves[0].path is PrefillPath.MULTIPLEX
-            queued += moves[0].path is PrefillPath.FALLBACK
+            queued += moves[0].path is PrefillPath.FALLBACK and "shorter prompt at risk" in moves[0].reason
         return moves
 
     monkeypatch.setattr(TropicalPolicy, "_place", watched)

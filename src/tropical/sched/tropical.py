@@ -272,10 +272,11 @@ class TropicalPolicy(Policy):
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
                                f"fits TTFT SLO on prefill worker (predicted {finish - req.arrival:.3f}s)",
                                first_token=finish)]
-        option = None
+        option, why = None, "a shorter prompt at risk goes first; Path 2 in a later round"
         if not (self.toggle.shorter_first and self._shorter_at_risk(req, now)):
             shortlist = Shortlists(self._kept, self.toggle.shortlist).of(req)
             option = self._best_option(req, shortlist, {}, now, finish)
+            why = "no multiplexing worker had slack"
         if option is not None and self._worth(req, option[0], finish):
             done, _, target = option
             return [self._multiplexed(req, target, finish, done)]
@@ -284,7 +285,7 @@ class TropicalPolicy(Policy):
         self._plan_checks(req, multiplex, {}, now, finish)
         return [Assignment(req, best.id, PrefillPath.FALLBACK,
                            f"TTFT at risk (predicted {finish - req.arrival:.3f}s > "
-                           f"SLO {req.slo.ttft:.3f}s); no multiplexing worker had slack", first_token=finish)]
+                           f"SLO {req.slo.ttft:.3f}s); {why}", first_token=finish)]
 
     def _shorter_at_risk(self, req: Request, now: float) -> bool:
         """Does a shorter prompt at risk, one Path 2 may still save, wait in a prefill queue?

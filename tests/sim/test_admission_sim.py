@@ -119,7 +119,7 @@ def test_under_demotion_refusing_early_serves_about_as_many_in_time():
 
 PUBLISHED = {  # attainment, stream attainment, P90 TTFT (s), P90 TPOT (s) before admission existed (996d3fc),
     # tropical+ with the defaults it had then (no demotion, 4,096-token prefill batches, no
-    # finishing prompt spared, Path 1 by least work)
+    # finishing prompt spared, Path 1 by least work, Path 2 at arrival whatever waits)
     "tropical+": (0.34, 0.34, 69.627008493, 0.102180213),
     "chunked-512": (0.07333333333333333, 0.07333333333333333, 121.741650509, 0.116232365),
     "disagg": (0.056666666666666664, 0.056666666666666664, 229.874275995, 0.028939828),
@@ -131,7 +131,7 @@ def test_admission_none_reproduces_the_figures_from_before_it_existed(policy):
     """The conversation trace's first 300 requests on the paper cluster at 1.5x their rate."""
     config = SimConfig(limit=300, admission="none", demote_doomed=False, prefill_batch_tokens=4096,
                        spare_finishing=False, placed_dispatch=False, size_weight=-1.0,
-                       prefill_piece_tokens=0)
+                       prefill_piece_tokens=0, shorter_first=False)
     exp = experiment(config.with_preset())
     s = simulate(exp.with_policy(policy).at_rate(1.5)).summary
     assert (s.attainment, s.stream_attainment, s.ttft.p90, s.tpot.p90) == pytest.approx(PUBLISHED[policy])

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from tropical.core.metrics import miss_cause
 from tropical.sched.registry import PLUS_PREFILL_BUDGET, PLUS_PREFILL_PIECE, PLUS_SIZE_WEIGHT
-from tropical.sched.rejection import AdmissionMode
-from tropical.sim.overload import ADMITTING
+from tropical.sim.overload import MODES
 from tropical.sim.reproduce import ABLATION, CURVE_FLOOR, AtRate, Reproduction, Study, is_baseline, ratio
 
 DISPATCH = {
@@ -372,20 +371,19 @@ def admission_section(rep: Reproduction) -> str:
     comparison that no policy wins by leaving requests queued for as long as the trace lasts."""
     if not rep.admitted:
         return ""
-    modes = [AdmissionMode.NONE.value, *ADMITTING]
     ratios = rep.admission_ratio_vs_best_baseline()
     rows = []
     for p in rep.capacity:
         rps = rep.by_admission(p)
         mode, best = rep.with_admission(p)
-        rows.append([p, *(f"{rps[m]:.3f}" for m in modes), mode, _shares(rep, best), f"{ratios[p]:.2f}x"])
+        rows.append([p, *(f"{rps[m]:.3f}" for m in MODES), mode, _shares(rep, best), f"{ratios[p]:.2f}x"])
     return ("## Capacity with admission\n\n"
             "Each policy's goodput capacity (≥ 90% of arrivals attain, a refused request counted as "
             "a miss) under each `--admission` mode, req/s. Admitting everything, a policy may reach "
             "its capacity by leaving the requests it cannot serve in time queued until the trace "
             "ends (the deferral above); with admission they are refused instead, and count as "
             "misses.\n\n"
-            + _table(["policy", *modes, "best mode", "of work / k-server / pooled bound",
+            + _table(["policy", *MODES, "best mode", "of work / k-server / pooled bound",
                       "vs best baseline (each in its best mode)"], rows)
             + "\n\n" + _admission_sentences(rep) + "\n")
 
@@ -396,8 +394,8 @@ def _admission_sentences(rep: Reproduction) -> str:
     base = rep.best_admitting_baseline
     mode, best = rep.with_admission(base)
     ratios = rep.admission_ratio_vs_best_baseline()
-    others = [f"`{p}` {rep.with_admission(p)[1]:.3f} ({rep.with_admission(p)[0]}), {ratios[p]:.2f}x it"
-              for p in rep.capacity if not is_baseline(p)]
+    chosen = {p: rep.with_admission(p) for p in rep.capacity if not is_baseline(p)}
+    others = [f"`{p}` {capacity:.3f} ({how}), {ratios[p]:.2f}x it" for p, (how, capacity) in chosen.items()]
     lowered = [f"`{p}` with `{m}` ({c / rep.capacity[p].capacity_rps:.3f}x)"
                for p, admitted in rep.admitted.items() for m, c in admitted.items()
                if c < rep.capacity[p].capacity_rps]

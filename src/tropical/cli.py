@@ -70,6 +70,10 @@ POLICY_HELP = {
                      "shorter prompt at risk waits in the prefill queues; else it queues there and "
                      "the next round offers Path 2 shortest first (default: true for tropical+, "
                      "false for tropical)",
+    "iteration_cap": "true: a multiplexing worker's iteration that carries prompt chunks also ends "
+                     "within what the tightest TTFT SLO seen leaves once that prompt's own "
+                     "iteration is paid, so that an arrival as tight can wait one iteration and "
+                     "still meet it (default: true for tropical+, false for tropical)",
     "placed_dispatch": "true: Path 1 sends a prompt to the prefill worker where it would finish "
                        "soonest at its place in the queue's order (under laxity order, behind only "
                        "the prompts with a lower queue key) instead of by --least-loaded's rule (default: "

@@ -111,3 +111,8 @@ def test_tropical_plus_cuts_long_prompts_into_pieces_by_default_and_the_papers_t
 def test_tropical_plus_offers_arrivals_path_2_shorter_first_and_the_papers_toggle_does_not() -> None:
     assert make_policy("tropical+").toggle.shorter_first and not make_policy("tropical").toggle.shorter_first
     assert not make_policy("tropical+", SimConfig(shorter_first=False).policy_params()).toggle.shorter_first
+
+
+def test_tropical_plus_caps_multiplexing_iterations_for_the_tightest_ttft_and_tropical_does_not() -> None:
+    assert make_policy("tropical+").toggle.iteration_cap and not make_policy("tropical").toggle.iteration_cap
+    assert not make_policy("tropical+", SimConfig(iteration_cap=False).policy_params()).toggle.iteration_cap

@@ -131,7 +131,7 @@ def test_admission_none_reproduces_the_figures_from_before_it_existed(policy):
     """The conversation trace's first 300 requests on the paper cluster at 1.5x their rate."""
     config = SimConfig(limit=300, admission="none", demote_doomed=False, prefill_batch_tokens=4096,
                        spare_finishing=False, placed_dispatch=False, size_weight=-1.0,
-                       prefill_piece_tokens=0, shorter_first=False)
+                       prefill_piece_tokens=0, shorter_first=False, iteration_cap=False)
     exp = experiment(config.with_preset())
     s = simulate(exp.with_policy(policy).at_rate(1.5)).summary
     assert (s.attainment, s.stream_attainment, s.ttft.p90, s.tpot.p90) == pytest.approx(PUBLISHED[policy])

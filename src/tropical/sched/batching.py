@@ -158,9 +158,14 @@ def _tpot_limit(worker: WorkerState, batch: Batch, now: float, rule: SlackRule) 
 def _caught_up_limit(worker: WorkerState, batch: Batch, now: float) -> float:
     """The per-iteration rule under chunked multiplexing, priced without a Decoding per request
     (every chunk asks): the tightest SLO of the decodes and of those waiting on the iteration,
-    and the banked deadline of those that may be behind (KV on its way or landed lately; a
-    multiplexed prompt's first token comes at the iteration's start, on pace)."""
+    within the room the tightest TTFT SLO seen leaves (``BatchRules.tightest``), and the banked
+    deadline of those that may be behind (KV on its way or landed lately; a multiplexed
+    prompt's first token comes at the iteration's start, on pace)."""
     limit = _tightest_tpot(worker, batch)
+    tightest = worker.rules.tightest
+    if tightest is not None and limit < math.inf:
+        decode = BatchShape.decode(batch.decode_count, batch.decode_context)
+        limit = tightest.room(worker.latency, decode, limit)
     for req in worker.incoming.values():
         limit = min(limit, req.first_token_at + req.generated * req.slo.tpot - now)
     return min(limit, worker.catch_up_deadline(now) - now)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tropical.sched.slack import SlackRule
+from tropical.sched.tightest import TightestPrompt
 
 LATEST_START = -1.0
 """The ``size_weight`` that orders a queue by latest start: the paper's laxity order."""
@@ -67,6 +68,9 @@ class BatchRules:
     that arrived meanwhile waits for one piece, not the whole prompt (preemption at piece
     boundaries, as the k-server bound's servers preempt; a large piece costs little more than
     the whole prompt, where small chunks cost up to a tenth more).
+    ``tightest``: under chunked rules, an iteration that carries prompt chunks also ends within
+    the room the tightest TTFT SLO seen leaves (``TightestPrompt.room``; the policy that owns
+    these rules keeps it up to date as prompts arrive; None: the decodes' limit alone).
     """
 
     prefill_first: bool = False
@@ -78,6 +82,7 @@ class BatchRules:
     size_weight: float = LATEST_START
     spare_finishing: bool = False
     piece_tokens: int = 0
+    tightest: TightestPrompt | None = None
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_seqs < 1:

@@ -48,6 +48,7 @@ from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.roles import RoleSwitch
 from tropical.sched.rules import LATEST_START, BatchRules, Role, check_piece, check_size_weight
 from tropical.sched.slack import Decoding, SlackRule
+from tropical.sched.tightest import TightestPrompt
 from tropical.sched.worker import WorkerState
 from tropical.sched.worker_views import WorkerViews
 
@@ -102,7 +103,10 @@ class ToggleParams:
     tokens for ``tropical+``; 0: whole), and whether an arriving prompt takes Path 2 at once only
     where no shorter prompt at risk waits in the prefill queues (``shorter_first``; None: the
     policy's default, on for ``tropical+``; else it queues on Path 1 and the rounds, shortest
-    first, offer it Path 2)."""
+    first, offer it Path 2), and whether a multiplexing iteration that carries prompt chunks
+    also ends within what the tightest TTFT SLO seen leaves (``iteration_cap``; None: the
+    policy's default, on for ``tropical+``; see ``tightest``: under a loose TPOT SLO the
+    shortest prompts otherwise find no worker that can start them in time)."""
 
     num_prefill: int | None = None
     watermark: float = 0.9
@@ -123,6 +127,7 @@ class ToggleParams:
     size_weight: float | None = None
     prefill_piece: int | None = None
     shorter_first: bool | None = None
+    iteration_cap: bool | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_piece is not None:
@@ -192,6 +197,7 @@ class TropicalPolicy(Policy):
         self.name = name
         self.toggle = toggle or ToggleParams()
         weight = LATEST_START if self.toggle.size_weight is None else self.toggle.size_weight
+        self._tightest = TightestPrompt() if self.toggle.iteration_cap and self.toggle.chunked else None
         self._prefill = BatchRules(prefill_first=True, max_seqs=max_seqs, laxity=self.toggle.laxity,
                                    piece_tokens=self.toggle.prefill_piece or 0,
                                    token_budget=self.toggle.prefill_budget or max_batched_tokens,
@@ -200,7 +206,8 @@ class TropicalPolicy(Policy):
                                      laxity=self.toggle.laxity and self.toggle.chunked, size_weight=weight,
                                      token_budget=max_batched_tokens, max_seqs=max_seqs,
                                      tpot_guard=self._path2_slack,
-                                     spare_finishing=bool(self.toggle.spare_finishing))
+                                     spare_finishing=bool(self.toggle.spare_finishing),
+                                     tightest=self._tightest)
         self._checks: dict[int, int] = {}
         self._chunks: dict[tuple[int, int | None, int, int], Chunk] = {}
         self._last_chunk: dict[int, int] = {}
@@ -267,6 +274,8 @@ class TropicalPolicy(Policy):
         _, multiplex = self._split(workers)
         self._views.new_round()
         self._forget_chunks()
+        if self._tightest is not None and multiplex and self._tightest.saw(req, multiplex[0].latency):
+            self._chunks = {}                   # each was cut to the room the tightest left
         best, finish = self._path1(req, now)
         if best is not None and finish - req.arrival <= req.slo.ttft:
             return [Assignment(req, best.id, PrefillPath.PREFILL_WORKER,
@@ -582,16 +591,19 @@ class TropicalPolicy(Policy):
         return done if done - nxt.start <= bank + (steps - 1) * nxt.min_tpot else None
 
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float) -> Chunk:
-        """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits;
-        once per decode batch and 1% band of limits (priced at the band's floor, the safe
-        side), so candidates with slightly different SLOs share it. Its search starts from the
-        worker's last chunk: a decode batch grows a little between two of them."""
+        """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits
+        (and within the room the tightest TTFT SLO seen leaves, as its batches form: see
+        ``tightest``); once per decode batch and 1% band of limits (priced at the band's floor,
+        the safe side), so candidates with slightly different SLOs share it. Its search starts
+        from the worker's last chunk: a decode batch grows a little between two of them."""
         band = math.floor(math.log(limit) / _BAND) if 0 < limit < math.inf else None
         key = (worker.id, band, nxt.decode_count, nxt.decode_context)
         chunk = self._chunks.get(key)
         if chunk is None:
             floor = limit if band is None else math.exp(band * _BAND)
             decode = BatchShape.decode(nxt.decode_count, nxt.decode_context)
+            if self._tightest is not None:
+                floor = self._tightest.room(worker.latency, decode, floor)
             chunk = self._chunks[key] = Chunk.of(worker, decode, floor, self._last_chunk.get(worker.id, 0))
             self._last_chunk[worker.id] = chunk.tokens
         return chunk

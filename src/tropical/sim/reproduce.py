@@ -49,7 +49,8 @@ BASELINES = (*PAPER_BASELINES, *CACHE_ROUTERS)
 TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
 CURVE_FLOOR = 0.05
-_PLUS_BEFORE: dict[str, object] = {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "shorter_first": False}
+_PLUS_BEFORE: dict[str, object] = {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "shorter_first": False,
+                                   "iteration_cap": False}
 """``tropical+`` before Path 2 at arrival waited for shorter prompts at risk: the ablation's rows
 up to it take away one mechanism more each."""
 ABLATION: dict[str, dict[str, object]] = {
@@ -75,7 +76,9 @@ ABLATION: dict[str, dict[str, object]] = {
         **_PLUS_BEFORE, "prefill_piece": 0},
     f"the same + long prompts in {PLUS_PREFILL_PIECE:,}-token pieces, each rest queued again by its key":
         _PLUS_BEFORE,
-    "the same + Path 2 at arrival only where no shorter prompt at risk waits (tropical+)": {
+    "the same + Path 2 at arrival only where no shorter prompt at risk waits": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "iteration_cap": False},
+    "the same + multiplexing iterations within the room the tightest TTFT SLO leaves (tropical+)": {
         **PLUS_MECHANISMS, **PLUS_DEFAULTS},
 }
 """Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` (the

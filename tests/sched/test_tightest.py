@@ -10,6 +10,7 @@ import pytest
 
 from tests.factories import make_request, make_worker, start_decoding
 from tropical.config import SimConfig
+from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.metrics import miss_cause
 from tropical.core.request import PrefillPath
@@ -24,10 +25,6 @@ LATENCY = make_worker(Role.MULTIPLEX).latency
 DECODE = BatchShape.decode(3, 3_000)
 
 
-def alone(prompt: int) -> float:
-    return LATENCY.iteration_time(BatchShape.of_batch([(prompt, 0)], 0, 0))
-
-
 def test_the_tightest_is_the_least_ttft_slo_and_on_ties_the_longest_prompt():
     tight = TightestPrompt()
     assert tight.saw(make_request(1, prompt=100, ttft=1.0), LATENCY)
@@ -39,10 +36,10 @@ def test_the_tightest_is_the_least_ttft_slo_and_on_ties_the_longest_prompt():
 
 def test_a_slo_under_twice_the_prompts_own_prefill_is_not_taken_for_the_tightest():
     tight = TightestPrompt()
-    assert not tight.saw(make_request(1, prompt=100, ttft=1.9 * alone(100)), LATENCY)
+    assert not tight.saw(make_request(1, prompt=100, ttft=1.9 * prefill_time(LATENCY, 100)), LATENCY)
     assert not tight.saw(make_request(2, prompt=100, ttft=0.001), LATENCY)
     assert tight.ttft == math.inf
-    assert tight.saw(make_request(3, prompt=100, ttft=2.1 * alone(100)), LATENCY)
+    assert tight.saw(make_request(3, prompt=100, ttft=2.1 * prefill_time(LATENCY, 100)), LATENCY)
 
 
 def test_the_room_is_what_the_tightest_slo_leaves_after_its_own_iteration_where_that_binds():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tropical.core.latency.iterations import prefill_time
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
@@ -38,7 +39,7 @@ class TightestPrompt:
         then: most arrivals are not); True if the tightest changed."""
         if (req.slo.ttft, -req.prompt_len) >= (self.ttft, -self.prompt_len):
             return False
-        if req.slo.ttft < 2 * latency.iteration_time(BatchShape.of_batch([(req.prompt_len, 0)], 0, 0)):
+        if req.slo.ttft < 2 * prefill_time(latency, req.prompt_len):
             return False
         self.ttft, self.prompt_len = req.slo.ttft, req.prompt_len
         return True

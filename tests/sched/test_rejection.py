@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from tests.factories import make_request, make_worker, start_decoding
 from tropical.config import SimConfig
-from tropical.core.request import Request
+from tropical.core.request import PrefillPath, Request
 from tropical.core.slo import SLO
+from tropical.sched.assignment import Assignment
 from tropical.sched.baselines import ColocatedPolicy, DisaggPolicy
 from tropical.sched.cluster import Assigned, Cluster, Fail
+from tropical.sched.path2_floors import chunked_floors
 from tropical.sched.policy import Policy
 from tropical.sched.registry import PolicyParams, make_policy
 from tropical.sched.rejection import (
@@ -79,6 +82,43 @@ def test_a_request_is_admitted_while_some_worker_can_meet_its_ttft():
     late = make_request(1, prompt=100, ttft=0.1)
     cluster.workers[1].enqueue(make_request(20, prompt=3000, ttft=100.0))
     assert cluster.arrive(late, 0.0)[0].refusal.reason == TTFT
+
+
+def test_a_request_late_on_every_path_now_is_admitted_while_a_later_decision_may_meet_its_ttft():
+    """Both workers' queues make it late now; the policy's floor on a later decision's first
+    token (a toggle's round that moves it to a multiplexing worker) decides, asked only then."""
+    cluster = colocated(EARLY, workers=2)
+    for worker in cluster.workers:
+        worker.enqueue(make_request(10 + worker.id, prompt=3000, ttft=100.0))
+    req = make_request(0, prompt=100, ttft=0.1)
+    placed = Assignment(req, 0, PrefillPath.FALLBACK, "late on Path 1", first_token=0.5)
+    asked = []
+
+    def later(at: float):
+        return lambda r, now, workers: asked.append(r) or at
+
+    assert EARLY.at_arrival(req, placed, 0.0, cluster.workers, later(0.09)) is None
+    assert EARLY.at_arrival(req, placed, 0.0, cluster.workers, later(0.11)).reason == TTFT
+    assert EARLY.at_arrival(req, placed, 0.0, cluster.workers).reason == TTFT
+    in_time = replace(placed, first_token=0.05)
+    assert EARLY.at_arrival(req, in_time, 0.0, cluster.workers, later(math.inf)) is None
+    assert asked == [req, req]
+
+
+def test_only_chunked_multiplexing_offers_a_floor_on_a_later_round_and_it_is_path_2_s_least():
+    """``tropical+``'s floor is the least ``chunked_floors`` over its multiplexing workers; the
+    paper's toggle (a whole prompt in one iteration) and the baselines offer none."""
+    plus, paper = make_policy("tropical+"), make_policy("tropical")
+    workers = [make_worker(role, plus.rules(role), KV, wid=i)
+               for i, role in enumerate(plus.roles(4))]
+    multiplex = [w for w in workers if w.role is Role.MULTIPLEX]
+    start_decoding(multiplex[0], make_request(100, prompt=2000, output=50, tpot=0.5))
+    req = make_request(0, prompt=500, ttft=1.0, tpot=0.5)
+    floor = chunked_floors(req, multiplex, 0.0)
+    assert plus.rescue_floor(req, 0.0, workers) == min(floor(w) for w in multiplex)
+    assert plus.rescue_floor(req, 0.0, workers) < math.inf
+    assert paper.rescue_floor(req, 0.0, workers) == math.inf
+    assert make_policy("kv-router").rescue_floor(req, 0.0, workers) == math.inf
 
 
 def test_the_retry_hint_is_the_predicted_backlog():

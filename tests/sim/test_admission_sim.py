@@ -117,6 +117,20 @@ def test_under_demotion_refusing_early_serves_about_as_many_in_time():
     assert attained[AdmissionMode.EARLY_REJECT] >= attained[AdmissionMode.NONE] - 3
 
 
+def test_early_rejection_leaves_the_prompts_a_later_round_saves_to_it():
+    """Synthetic's shortest prompts have its tightest TTFT SLOs (about 0.1 s); at arrival no
+    multiplexing worker may take one, yet a round at a multiplexing worker's next iteration end
+    does. Refusing each prompt late on Path 1 refused them (measured on these 600 requests:
+    74.7% in time against 96.0% admitting everything, 122 prompts of at most 100 tokens
+    refused); asking ``tropical+``'s floor on a later round first refuses few of them."""
+    runs = {mode: simulate(experiment(SimConfig(trace="synthetic", limit=600, admission=mode).with_preset())
+                           .with_policy("tropical+").at_rate(0.6))
+            for mode in ("none", "early-reject")}
+    short = [r for r in runs["early-reject"].requests if r.rejected and r.prompt_len <= 100]
+    assert runs["early-reject"].summary.attainment >= runs["none"].summary.attainment
+    assert len(short) < 10
+
+
 PUBLISHED = {  # attainment, stream attainment, P90 TTFT (s), P90 TPOT (s) before admission existed (996d3fc),
     # tropical+ with the defaults it had then (no demotion, 4,096-token prefill batches, no
     # finishing prompt spared, Path 1 by least work, Path 2 at arrival whatever waits)

@@ -141,7 +141,8 @@ class Cluster:
         if error is not None:
             return [Fail(req, error)]
         assignments = self.policy.on_arrival(req, now, self.workers)
-        refusal = arrival_refusal(self.policy.admission, req, assignments, now, self.workers)
+        refusal = arrival_refusal(self.policy.admission, req, assignments, now, self.workers,
+                                  self.policy.rescue_floor)
         return [self._refuse(req, refusal)] if refusal is not None else self._assign(assignments)
 
     def _refuse(self, req: Request, refusal: Refusal) -> Fail:

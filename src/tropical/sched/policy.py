@@ -6,6 +6,7 @@ and iteration ends with the time and the workers' states, and apply the assignme
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -81,6 +82,12 @@ class Policy(ABC):
         """Is ``check_step`` set for some worker now? (Runs already end at their next finish, so
         a substrate need not ask for each worker while it is not.)"""
         return False
+
+    def rescue_floor(self, req: Request, now: float, workers: Sequence[WorkerState]) -> float:
+        """A floor on the first token a later decision of this policy could still give ``req``,
+        queued now on the path it chose (inf: it never moves a queued request). Early rejection
+        asks it before refusing a request whose chosen path is predicted late."""
+        return math.inf
 
     def decode_worker(self, req: Request, workers: Sequence[WorkerState],
                       now: float) -> WorkerState | None:

@@ -5,8 +5,10 @@ behind others that will miss too. One admission stage serves every policy, asked
 
 ``none``         admit everything (the published figures).
 ``early-reject`` refuse an arriving request when its predicted TTFT on the path the policy chose
-                 misses its TTFT SLO; and refuse a queued request, while nothing has been computed
-                 for it, once its TTFT can no longer be met behind the prompts ahead of it.
+                 misses its TTFT SLO, and so does the soonest a later decision of the policy could
+                 give it (a toggle moves queued prompts to multiplexing workers in later rounds);
+                 and refuse a queued request, while nothing has been computed for it, once its
+                 TTFT can no longer be met behind the prompts ahead of it.
 ``predictive``   also refuse when the decode load predicted for the moment its prefill would end
                  breaks its TPOT SLO on average or its TBT SLO in one iteration (Mooncake's
                  prediction-based early rejection: the load *then*, not now, so that prefill and
@@ -20,7 +22,7 @@ rejected request never reaches a worker's queue, or leaves it before it holds KV
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -45,6 +47,9 @@ TTFT_QUEUED = "ttft_queued"
 DECODE_LOAD = "decode_load"
 """At arrival (predictive): the decode load when its prefill ends would break its TPOT SLO."""
 REASONS = (TTFT, TTFT_QUEUED, DECODE_LOAD)
+Later = Callable[[Request, float, Sequence[WorkerState]], float]
+"""A policy's floor on the first token a later decision of its own could give a request queued
+now (``Policy.rescue_floor``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +73,19 @@ class Admission:
         return self.mode is not AdmissionMode.NONE
 
     def at_arrival(self, req: Request, placed: Assignment, now: float,
-                   workers: Sequence[WorkerState]) -> Refusal | None:
+                   workers: Sequence[WorkerState], later: Later | None = None) -> Refusal | None:
         """Refuse ``req``, which the policy placed as ``placed`` says, or None to admit it: when
-        neither the policy's prediction for that path nor that of any worker taking arrivals
-        gives its first token in time."""
+        neither the policy's prediction for that path, nor that of any worker taking arrivals,
+        nor the soonest a later decision of the policy could give (``later``, asked only then;
+        see ``Policy.rescue_floor``) gives its first token in time."""
         if not self.active:
             return None
         worker = workers[placed.worker_id]
         paths = [w for w in workers if w.alive and w.role.takes_arrivals]
         first_token, _, best = min((predicted_first_token(req, w, now), w.id, w) for w in paths)
         chosen = placed.first_token if placed.first_token is not None else math.inf
-        if min(first_token, chosen) - req.arrival > req.slo.ttft:
+        if (min(first_token, chosen) - req.arrival > req.slo.ttft
+                and (later is None or later(req, now, workers) - req.arrival > req.slo.ttft)):
             backlog = first_token - best.prefill_estimate(req) - now
             return Refusal(TTFT, f"predicted TTFT {first_token - req.arrival:.4g}s on worker {best.id} "
                                  f"exceeds the TTFT SLO {req.slo.ttft:.4g}s", backlog)
@@ -261,11 +268,12 @@ def next_finish(worker: WorkerState, now: float) -> float:
 
 
 def arrival_refusal(admission: Admission, req: Request, assignments: Sequence[Assignment], now: float,
-                    workers: Sequence[WorkerState]) -> Refusal | None:
-    """``admission``'s answer for ``req``, placed by the policy as ``assignments`` say."""
+                    workers: Sequence[WorkerState], later: Later | None = None) -> Refusal | None:
+    """``admission``'s answer for ``req``, placed by the policy as ``assignments`` say (``later``:
+    the policy's floor on a later decision's first token, as ``Admission.at_arrival`` asks)."""
     if not admission.active:
         return None
     placed = next((a for a in assignments if a.request is req), None)
     if placed is None:
         return None
-    return admission.at_arrival(req, placed, now, workers)
+    return admission.at_arrival(req, placed, now, workers, later)

@@ -262,3 +262,28 @@ def test_the_new_token_floors_of_the_fleet_are_each_workers_own(seed, n, share):
         assert len(floors.levels[0][1]) == n
     assert floors.vector(n).tolist() == [floors.at(w) for w in workers]
     assert floors.vector(n, lambda tokens: tokens / 2).tolist() == [floors.at(w) / 2 for w in workers]
+
+
+def test_each_arrival_and_iteration_end_leaves_the_index_up_to_date_with_what_it_changed():
+    """The Cluster re-files the workers an event changed before the event returns, so that no
+    later decision's walk pays for them; the rows are then each worker's own terms."""
+    workers = worker_states(DisaggPolicy(512), [Role.PREFILL, Role.DECODE] * 2, [(512, 16)] * 4,
+                            [linear_model()] * 4)
+    cluster = Cluster(workers, DisaggPolicy(512), index_from=0)
+    index = cluster.index
+    n = len(workers)
+
+    def filed() -> bool:
+        return not index.marked and all(
+            index.booked_keys[w.id] == w.booked_load()[0] * n + w.id
+            and index.queued_work[w.id] == w.queued_work for w in cluster.workers)
+
+    for rid in range(6):
+        cluster.arrive(make_request(rid, prompt=300 + 100 * rid, output=5), 0.01 * rid)
+        assert filed()
+    for now in (0.5, 1.0, 1.5):
+        for worker in cluster.workers:
+            batch = cluster.plan(worker.id, now)
+            if batch is not None:
+                cluster.book(worker.id, batch, now + 0.1)
+                assert filed()

@@ -143,7 +143,10 @@ class Cluster:
         assignments = self.policy.on_arrival(req, now, self.workers)
         refusal = arrival_refusal(self.policy.admission, req, assignments, now, self.workers,
                                   self.policy.rescue_floor)
-        return [self._refuse(req, refusal)] if refusal is not None else self._assign(assignments)
+        effects: list[Effect] = ([self._refuse(req, refusal)] if refusal is not None
+                                 else self._assign(assignments))
+        self._refile()
+        return effects
 
     def _refuse(self, req: Request, refusal: Refusal) -> Fail:
         """The admission stage refused ``req``: it leaves the scheduling state (it holds nothing)."""
@@ -158,6 +161,14 @@ class Cluster:
             worker.abort(req)
             refused.append(self._refuse(req, refusal))
         return refused
+
+    def _refile(self) -> None:
+        """Bring the load index up to date with the workers this event changed, before it
+        returns rather than at the next walk: every event then pays for its own changes. (Under
+        a burst at 1,024 workers a migration's walk re-filed the workers changed by the dozen
+        events before it, 11 on average and 74 at its P99, and took half the decision P99.)"""
+        if self.index is not None:
+            self.index.refile()
 
     def _assign(self, assignments: Iterable[Assignment]) -> list[Effect]:
         """Hand over every decision first, then wake the workers: prefills the policy planned for
@@ -248,7 +259,8 @@ class Cluster:
     def _conclude(self, worker: WorkerState, finished: list[tuple[Request, str]], prefilled: list[Request],
                   now: float) -> Booking:
         """After an iteration's booking: free what finished, migrate prompts done on a worker that
-        does not decode, retry stalled migrations if KV was freed, then let the policy look."""
+        does not decode, retry stalled migrations if KV was freed, then let the policy look (and
+        the load index take in what changed)."""
         worker_id = worker.id
         effects: list[Effect] = []
         for req, _ in finished:
@@ -263,6 +275,7 @@ class Cluster:
         if self.policy.observes_iterations:
             effects += self._assign(self.policy.on_iteration_end(worker, now, self.workers))
         effects += self._refuse_lapsed(worker, now)
+        self._refile()
         return Booking(finished, prefilled, effects)
 
     @staticmethod

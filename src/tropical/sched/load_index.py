@@ -107,7 +107,7 @@ class LoadIndex:
 
     def live_ids(self, roles: Sequence[Role]) -> np.ndarray:
         """The ids of the live workers of ``roles``, ascending (brought up to date first)."""
-        self._refile()
+        self.refile()
         key = tuple(roles)
         ids = self.members.get(key)
         if ids is None:
@@ -117,7 +117,7 @@ class LoadIndex:
 
     def load_floors(self, ids: np.ndarray) -> np.ndarray:
         """``WorkerState.load_floor`` of each worker of ``ids``, read from their walk keys."""
-        self._refile()
+        self.refile()
         return self._floor_keys()[ids] // len(self.workers)
 
     def _floor_keys(self) -> np.ndarray:
@@ -161,7 +161,7 @@ class LoadIndex:
         """``prediction.free_at`` of each worker of ``ids`` at ``now``."""
         return np.maximum(now, self.busy_until[ids]) + self.queued_work[ids]
 
-    def _refile(self) -> None:
+    def refile(self) -> None:
         """Copy each marked worker's terms into its row, through memory views of the columns (a
         view's item is a plain number: a numpy scalar read or write costs several times more,
         and a thousand-worker fleet re-files dozens of workers per decision)."""
@@ -191,7 +191,7 @@ class LoadIndex:
         self.marked.clear()
 
     def _column_views(self) -> list[Any]:
-        """Writable memory views of the columns, in ``_refile``'s order (typed loosely: a view
+        """Writable memory views of the columns, in ``refile``'s order (typed loosely: a view
         of a float column takes floats)."""
         return [memoryview(cast(Any, column)) for column in (
             self.booked_keys, self.batch, self.to_finish, self.busy_until, self.lazy_until,

@@ -159,8 +159,9 @@ def _caught_up_limit(worker: WorkerState, batch: Batch, now: float) -> float:
     """The per-iteration rule under chunked multiplexing, priced without a Decoding per request
     (every chunk asks): the tightest SLO of the decodes and of those waiting on the iteration,
     within the room the tightest TTFT SLO seen leaves (``BatchRules.tightest``), and the banked
-    deadline of those that may be behind (KV on its way or landed lately; a multiplexed
-    prompt's first token comes at the iteration's start, on pace)."""
+    deadline of those that may be behind (KV on its way, and the decodes behind their pace or
+    within one SLO of it: ``WorkerState.catch_up_deadline``; a multiplexed prompt's first token
+    comes at the iteration's start, on pace)."""
     limit = _tightest_tpot(worker, batch)
     tightest = worker.rules.tightest
     if tightest is not None and limit < math.inf:

@@ -45,9 +45,7 @@ class WorkerState:
     ``_yielded_tail`` of them yielded, and perhaps a few more before those). ``decode_context`` and
     ``decode_peak`` sum the running requests' contexts now and at their longest (``kv_tokens``).
     ``last_chunk`` is the chunk batch formation last cut here: where its next search starts
-    (consecutive chunks of a prompt differ by a few tokens). ``catching_up`` holds the requests
-    that joined the batch after their first token came elsewhere (migrated KV) until they are on
-    pace with their TPOT SLO (see ``catch_up_deadline``). ``host_load_s``: seconds to load one
+    (consecutive chunks of a prompt differ by a few tokens). ``host_load_s``: seconds to load one
     token's KV from the prefix cache's host-memory tier, if it has one (``add_host_tier``).
     ``chunk_share``: the share of its recent decode iterations that also carried prompt tokens,
     about the last ``1 / (1 - CHUNK_SHARE_KEEP)`` of them (the steady state that predictive
@@ -74,7 +72,6 @@ class WorkerState:
     alive: bool = True
     last_chunk: int = 0
     gaps: TokenGaps = field(default_factory=TokenGaps)
-    catching_up: dict[int, Request] = field(default_factory=dict)
     lag: Lag | None = None
     index: object | None = None
     watchers: list[set[int]] = field(default_factory=list)
@@ -602,20 +599,21 @@ class WorkerState:
         for req in self.inbox:
             self._landed(req)
             self.join(req)
-            self.catching_up[req.id] = req
         self.inbox.clear()
 
     def catch_up_deadline(self, now: float) -> float:
-        """When the next iteration must end for every request catching up to be on pace (its
-        tokens so far x TPOT SLO after its first token; inf if none is behind). A request with
-        a whole SLO to spare stays on pace while every iteration keeps its SLO, so it is no
-        longer watched (one that finishes or leaves is dropped as it goes)."""
+        """When the next iteration must end for every decode here that is behind its TPOT pace,
+        or within one SLO of it, to be on pace (its tokens so far x TPOT SLO after its first
+        token; inf if none is). A request whose KV migrated here is behind from the start; one
+        whose iterations ran longer than predicted falls behind as they run: under predictor
+        noise of 10% the iterations that fill a TPOT SLO by prediction ran over it by the
+        error, and most of its misses were of TPOT. Both then get iterations short enough to
+        catch up. (Under exact predictions an iteration that keeps its SLO keeps every decode
+        on pace.) Asked once per iteration that carries multiplexed prompts."""
         deadline = math.inf
-        for req in list(self.catching_up.values()):
-            due = req.first_token_at + self.generated(req) * req.slo.tpot
-            if due - now >= req.slo.tpot:
-                del self.catching_up[req.id]
-            elif due < deadline:
+        for req in self.running.values():
+            due = req.first_token_at + (self.steps - req.step_base) * req.slo.tpot
+            if due - now < req.slo.tpot and due < deadline:
                 deadline = due
         return deadline
 
@@ -644,7 +642,6 @@ class WorkerState:
         while self._finishes and self._finishes[0][0] <= self._steps:
             _, _, req = heapq.heappop(self._finishes)
             del self.running[req.id]
-            self.catching_up.pop(req.id, None)
             self._batch_edited(req, joined=False)
             self._decode_context -= req.prompt_len + req.output_len
             self.decode_peak -= req.kv_tokens
@@ -753,7 +750,6 @@ class WorkerState:
         if req.id in self.running:
             req.generated = self.generated(req)
             del self.running[req.id]
-            self.catching_up.pop(req.id, None)
             self._batch_edited(req, joined=False)
             self._decode_context -= req.prompt_len + req.generated
             self.decode_peak -= req.kv_tokens

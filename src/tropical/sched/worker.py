@@ -612,7 +612,7 @@ class WorkerState:
         on pace.) Asked once per iteration that carries multiplexed prompts."""
         deadline = math.inf
         for req in self.running.values():
-            due = req.first_token_at + (self.steps - req.step_base) * req.slo.tpot
+            due = req.first_token_at + self.generated(req) * req.slo.tpot
             if due - now < req.slo.tpot and due < deadline:
                 deadline = due
         return deadline

@@ -609,10 +609,12 @@ class WorkerState:
         noise of 10% the iterations that fill a TPOT SLO by prediction ran over it by the
         error, and most of its misses were of TPOT. Both then get iterations short enough to
         catch up. (Under exact predictions an iteration that keeps its SLO keeps every decode
-        on pace.) Asked once per iteration that carries multiplexed prompts."""
-        deadline = math.inf
+        on pace.) Asked once per iteration that carries multiplexed prompts; it books the decode
+        run once (``steps``) and reads each running request's tokens from it, as ``generated``
+        does, since asking ``generated`` per request was 14% of a full-rate run."""
+        deadline, steps = math.inf, self.steps
         for req in self.running.values():
-            due = req.first_token_at + self.generated(req) * req.slo.tpot
+            due = req.first_token_at + (steps - req.step_base) * req.slo.tpot
             if due - now < req.slo.tpot and due < deadline:
                 deadline = due
         return deadline

@@ -29,11 +29,15 @@ from tropical.sched.tropical import Roster, TropicalPolicy, earliest_finish
 from tropical.sched.worker import WorkerState
 
 WALKS = (tuple(Role), ARRIVAL_ROLES, DECODING_ROLES, (Role.PREFILL,), (Role.MULTIPLEX,))
+PACE = 0.001
 
 
 class LazyBooks:
     """A substrate that books decode runs lazily: each worker has run ``pending`` iterations not
-    booked yet (never past its next finish), which grow with time without telling anyone."""
+    booked yet (never past its next finish), which grow with time without telling anyone once
+    the run is announced (a positive ``pace``, as ``Cluster.expect_end`` sets it: ``PACE``
+    unless the test set one, short enough that any count can have run by the clock, since a
+    load floor assumes no iteration shorter than the pace)."""
 
     def __init__(self, workers: list[WorkerState]) -> None:
         self.workers = workers
@@ -48,6 +52,9 @@ class LazyBooks:
     def run_on(self, worker: WorkerState, rng: random.Random) -> None:
         if not worker.running:
             return
+        if worker.pace <= 0.0:
+            worker.pace = PACE
+            worker.changed()
         room = worker._finishes[0][0] - worker._steps - self.pending.get(worker.id, 0)
         if room > 0:
             self.pending[worker.id] = self.pending.get(worker.id, 0) + rng.randint(1, room)
@@ -206,10 +213,10 @@ def test_admission_asked_of_the_index_answers_as_a_look_at_every_worker(seed, n)
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.sampled_from([3, 12, 40]), st.sampled_from([0, 1_000]))
 def test_the_index_bounds_each_worker_by_its_own_load_floor_at_any_clock(seed, n, asked):
-    """Lazily booked decode runs of every pace (none, fast, slow), iterations ended before the
-    clock or not, each worker's or only part of the fleet's: the vector floors are the workers',
-    worked out in vector form or asked of each worker behind its booking (``asked``: how many
-    may be)."""
+    """Lazily booked decode runs of every pace (fast, slow) and workers with no run in flight
+    (pace 0), iterations ended before the clock or not, each worker's or only part of the
+    fleet's: the vector floors are the workers', worked out in vector form or asked of each
+    worker behind its booking (``asked``: how many may be)."""
     with mock.patch.object(load_index, "_ASKED", asked):
         floors_at_every_clock(seed, n)
 
@@ -227,7 +234,8 @@ def floors_at_every_clock(seed: int, n: int) -> None:
                                                 output=rng.randrange(2, 60)))
         worker.pace = rng.choice([0.0, 0.01, 0.2])
         worker.busy_until = rng.choice([0.0, 0.9, 2.0])
-        books.run_on(worker, rng)
+        if worker.pace > 0.0:
+            books.run_on(worker, rng)
         worker.changed()
     index = cluster.index
     assert index is not None
@@ -287,3 +295,32 @@ def test_each_arrival_and_iteration_end_leaves_the_index_up_to_date_with_what_it
             if batch is not None:
                 cluster.book(worker.id, batch, now + 0.1)
                 assert filed()
+
+
+def test_a_worker_with_no_decode_run_in_flight_asks_its_substrate_nothing():
+    """An iteration's booking ends what was in flight (``pace`` 0): reads of the worker during
+    its own booking and round ask the substrate nothing and book nothing, and its index row
+    holds no lazy batch; once a decode run is announced (``expect_end`` with a pace) and due,
+    the same reads book what it ran."""
+    workers = worker_states(DisaggPolicy(512), [Role.DECODE], [(512, 16)], [linear_model()])
+    cluster = Cluster(workers, DisaggPolicy(512), index_from=0)
+    worker = cluster.workers[0]
+    books = LazyBooks(cluster.workers)
+    asked: list[int] = []
+
+    def catch_up(worker_id: int) -> None:
+        asked.append(worker_id)
+        books.catch_up(worker_id)
+
+    worker.lag = books.lag = Lag(catch_up, books.lag.unbooked, now=1.0)
+    start_decoding(worker, make_request(1, prompt=100, output=20))
+    batch = cluster.plan(worker.id, 0.0)
+    assert batch is not None
+    cluster.expect_end(worker.id, 0.02, 0.02)
+    cluster.book(worker.id, batch, 0.05)
+    assert worker.pace == 0.0 and cluster.index is not None and cluster.index.batch[worker.id] == 0
+    books.pending[worker.id] = 3
+    steps = worker.steps
+    assert (worker.busy_until, worker.unfinished_tokens, asked) == (0.05, 18, [])
+    cluster.expect_end(worker.id, 0.07, 0.02)
+    assert worker.steps == steps + 3 and asked == [worker.id]

@@ -221,7 +221,7 @@ class Cluster:
         does not decode migrate; freed KV retries stalled migrations; then the policy looks.
         """
         worker = self.workers[worker_id]
-        worker.busy_until = now
+        self.expect_end(worker_id, now)     # nothing in flight: no decode run to book lazily
         started = self._started.pop(worker_id, None)
         if started is not None and worker.learns:
             worker.learn(batch.shape, first if steps > 1 else now - started, steps)

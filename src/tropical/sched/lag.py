@@ -6,8 +6,11 @@ then; booking every run before every decision costs each event the whole fleet. 
 with a ``Lag`` asks its substrate to book what it has run (``catch_up``) when something reads its
 decode progress, and a walk by load reads lower bounds first (``WorkerState.load_floor``) and the
 exact load of the workers it reaches without booking anything, so an event books only the workers
-whose iterations a decision prices. Substrates that book every iteration as it
-ends (our engine, vLLM mirrors) have no lag: their states are exact whenever read.
+whose iterations a decision prices. The substrate announces each run as it starts, with the
+least its iterations take (``Cluster.expect_end``'s ``pace``, positive); an iteration's booking
+ends it (``pace`` 0), and a worker with no run in flight asks nothing. Substrates that book
+every iteration as it ends (our engine, vLLM mirrors) have no lag: their states are exact
+whenever read.
 """
 
 from __future__ import annotations

@@ -133,7 +133,8 @@ class LoadIndex:
     def _take_floors(self, now: float) -> None:
         """Every worker's ``load_floor`` at ``now``: the booked load, less the lazily booked
         decode iterations elapsed by now, worked out only for the workers whose iteration has
-        ended with a batch booked (none of a prefill pool). A few such workers are asked their
+        ended with a batch booked (none of a prefill pool; each is in a decode run, so its
+        ``pace`` is positive: ``WorkerState.booked_load``). A few such workers are asked their
         own ``load_floor`` (their terms are filed as they stand, so it agrees): under a burst at
         1,024 workers there are about ten at a clock (9.7 on average, counted over a run), and
         each vector operation on so few rows costs half a microsecond whatever their number.
@@ -149,10 +150,8 @@ class LoadIndex:
             for worker_id in behind.tolist():
                 keys[worker_id] = self.workers[worker_id].load_floor * n + worker_id
             return
-        most, pace = self.to_finish[behind], self.pace[behind]
-        paced = pace > 0
-        most[paced] = np.minimum(most[paced], 2 + ((now - self.busy_until[behind[paced]])
-                                                   / pace[paced]).astype(np.int64))
+        most = np.minimum(self.to_finish[behind], 2 + ((now - self.busy_until[behind])
+                                                       / self.pace[behind]).astype(np.int64))
         most *= self.batch[behind]
         most *= n
         self.keys[behind] -= most

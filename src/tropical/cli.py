@@ -74,6 +74,9 @@ POLICY_HELP = {
                      "within what the tightest TTFT SLO seen leaves once that prompt's own "
                      "iteration is paid, so that an arrival as tight can wait one iteration and "
                      "still meet it (default: true for tropical+, false for tropical)",
+    "joining_decodes": "true: Path 2 prices a multiplexing worker's prompt chunks beside the decodes "
+                       "that the prompts queued there become once prefilled, not only beside its "
+                       "decode batch as it stands (default: true for tropical+, false for tropical)",
     "placed_dispatch": "true: Path 1 sends a prompt to the prefill worker where it would finish "
                        "soonest at its place in the queue's order (under laxity order, behind only "
                        "the prompts with a lower queue key) instead of by --least-loaded's rule (default: "

@@ -65,6 +65,7 @@ class PolicyConfig:
     prefill_piece_tokens: int | None = None
     shorter_first: bool | None = None
     iteration_cap: bool | None = None
+    joining_decodes: bool | None = None
     kv_overlap_weight: float = OVERLAP_WEIGHT
     admission: str = "none"
 
@@ -81,7 +82,7 @@ class PolicyConfig:
                               spare_finishing=self.spare_finishing, shortlist=self.shortlist,
                               placed_dispatch=self.placed_dispatch, size_weight=self.size_weight,
                               prefill_piece=self.prefill_piece_tokens, shorter_first=self.shorter_first,
-                              iteration_cap=self.iteration_cap)
+                              iteration_cap=self.iteration_cap, joining_decodes=self.joining_decodes)
         return PolicyParams(self.max_batched_tokens, self.chunk_budget, self.max_seqs, toggle,
                             self.kv_overlap_weight, choice(AdmissionMode, self.admission, "admission mode"))
 

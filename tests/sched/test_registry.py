@@ -116,3 +116,10 @@ def test_tropical_plus_offers_arrivals_path_2_shorter_first_and_the_papers_toggl
 def test_tropical_plus_caps_multiplexing_iterations_for_the_tightest_ttft_and_tropical_does_not() -> None:
     assert make_policy("tropical+").toggle.iteration_cap and not make_policy("tropical").toggle.iteration_cap
     assert not make_policy("tropical+", SimConfig(iteration_cap=False).policy_params()).toggle.iteration_cap
+
+
+def test_tropical_plus_prices_path2_beside_the_decodes_its_queued_prompts_become() -> None:
+    plus, paper = make_policy("tropical+").toggle, make_policy("tropical").toggle
+    assert plus.joining_decodes and not paper.joining_decodes
+    off = SimConfig(joining_decodes=False).policy_params()
+    assert not make_policy("tropical+", off).toggle.joining_decodes

@@ -101,8 +101,10 @@ def attained_in_flood(toggle: ToggleParams) -> dict[AdmissionMode, int]:
 def test_admission_lifts_goodput_past_capacity_where_doomed_prompts_keep_their_place():
     """Admitting everything to a toggle that does not demote, most requests wait behind others
     that miss too (the toggle as it was measured: nor does it spare the prompts an iteration
-    finishes, which alone lifts admitting everything here from 12 to 16 in time)."""
-    attained = attained_in_flood(ToggleParams(demote_doomed=False, spare_finishing=False))
+    finishes, which alone lifts admitting everything here from 12 to 16 in time, nor price Path 2
+    beside the decodes its queued prompts become)."""
+    attained = attained_in_flood(ToggleParams(demote_doomed=False, spare_finishing=False,
+                                              joining_decodes=False))
     assert attained[AdmissionMode.EARLY_REJECT] > 2 * attained[AdmissionMode.NONE]
 
 
@@ -145,7 +147,8 @@ def test_admission_none_reproduces_the_figures_from_before_it_existed(policy):
     """The conversation trace's first 300 requests on the paper cluster at 1.5x their rate."""
     config = SimConfig(limit=300, admission="none", demote_doomed=False, prefill_batch_tokens=4096,
                        spare_finishing=False, placed_dispatch=False, size_weight=-1.0,
-                       prefill_piece_tokens=0, shorter_first=False, iteration_cap=False)
+                       prefill_piece_tokens=0, shorter_first=False, iteration_cap=False,
+                       joining_decodes=False)
     exp = experiment(config.with_preset())
     s = simulate(exp.with_policy(policy).at_rate(1.5)).summary
     assert (s.attainment, s.stream_attainment, s.ttft.p90, s.tpot.p90) == pytest.approx(PUBLISHED[policy])

@@ -34,10 +34,11 @@ the times in their last bits, never a decision). ``tropical+`` as it was then: i
 doomed prompts, batched 1,024 prompt tokens per prefill iteration, placed each prompt by its
 place in the prefill queues, queued prompts by deadline plus twice their prefill, cut long
 prompts into pieces, offered an arrival Path 2 at once only where no shorter prompt at risk
-waits and kept multiplexing iterations within the tightest TTFT SLO's room by default since."""
+waits, kept multiplexing iterations within the tightest TTFT SLO's room and priced Path 2 beside
+the decodes its queued prompts become by default since."""
 AS_PUBLISHED: dict[str, Any] = {"demote_doomed": False, "prefill_batch_tokens": 4096,
                                 "placed_dispatch": False, "size_weight": -1.0, "prefill_piece_tokens": 0,
-                                "shorter_first": False, "iteration_cap": False}
+                                "shorter_first": False, "iteration_cap": False, "joining_decodes": False}
 
 
 def _microseconds(t: float | None) -> float | None:

@@ -67,7 +67,7 @@ deadline first 0; docs/overload.md measures -1 to 4 on three traces)."""
 PLUS_DEFAULTS: dict[str, Any] = {"demote_doomed": True, "prefill_budget": PLUS_PREFILL_BUDGET,
                                  "spare_finishing": True, "placed_dispatch": True,
                                  "size_weight": PLUS_SIZE_WEIGHT, "prefill_piece": PLUS_PREFILL_PIECE,
-                                 "shorter_first": True, "iteration_cap": True}
+                                 "shorter_first": True, "iteration_cap": True, "joining_decodes": True}
 """What ``tropical+`` adds unless its flags say otherwise."""
 
 

@@ -30,8 +30,9 @@ from tropical.sched.worker import WorkerState
 @dataclass(slots=True)
 class WorkerView:
     """One worker as priced from ``round`` on: its next iteration, and (filled in as asked) its
-    queue with this round's promises, their lineup, and the sums of the queue alone. It writes
-    its constructor, which mypyc compiles (see ``BatchShape``)."""
+    queue with this round's promises, their lineup, the sums of the queue alone, and how many
+    prompts it has taken and with what contexts they will decode there (``joining_now``). It
+    writes its constructor, which mypyc compiles (see ``BatchShape``)."""
 
     worker: WorkerState
     edits: int
@@ -41,6 +42,7 @@ class WorkerView:
     queue: list[Request] | None = None
     lineup: Lineup | None = None
     queued: Pending | None = None
+    joining: tuple[int, int] | None = None
     promised: bool = False
 
     def __init__(self, worker: WorkerState, edits: int, until: float, round: int,
@@ -53,6 +55,7 @@ class WorkerView:
         self.queue = None
         self.lineup = None
         self.queued = None
+        self.joining = None
         self.promised = False
 
     def queue_now(self) -> list[Request]:
@@ -73,11 +76,21 @@ class WorkerView:
             self.queued = Pending.of(self.worker, self.next.queued, self.next.carried)
         return self.queued
 
+    def joining_now(self) -> tuple[int, int]:
+        """The prompts queued on the worker, promised to it in this round or chunked in its
+        iteration in flight, and the sum of their prompts: the decodes they become there."""
+        if self.joining is None:
+            queue, carried = self.queue_now(), self.next.carried
+            context = sum(req.prompt_len for req in queue) + sum(req.prompt_len for req, _ in carried)
+            self.joining = (len(queue) + len(carried), context)
+        return self.joining
+
     def promise(self, req: Request) -> None:
         """This round promised ``req`` to the worker: it joins the queue, and the lineup is
         lined up again when next asked; the view serves no later round."""
         self.queue_now().append(req)
         self.lineup = None
+        self.joining = None
         self.promised = True
 
 

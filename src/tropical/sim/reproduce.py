@@ -50,7 +50,7 @@ TOGGLES = ("tropical", "tropical+")
 CURVE_POINTS = 7
 CURVE_FLOOR = 0.05
 _PLUS_BEFORE: dict[str, object] = {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "shorter_first": False,
-                                   "iteration_cap": False}
+                                   "iteration_cap": False, "joining_decodes": False}
 """``tropical+`` before Path 2 at arrival waited for shorter prompts at risk (and before its
 multiplexing iterations kept within the tightest TTFT SLO's room): the ablation's rows up to it
 take away one mechanism more each."""
@@ -78,8 +78,10 @@ ABLATION: dict[str, dict[str, object]] = {
     f"the same + long prompts in {PLUS_PREFILL_PIECE:,}-token pieces, each rest queued again by its key":
         _PLUS_BEFORE,
     "the same + Path 2 at arrival only where no shorter prompt at risk waits": {
-        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "iteration_cap": False},
-    "the same + multiplexing iterations within the room the tightest TTFT SLO leaves (tropical+)": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "iteration_cap": False, "joining_decodes": False},
+    "the same + multiplexing iterations within the room the tightest TTFT SLO leaves": {
+        **PLUS_MECHANISMS, **PLUS_DEFAULTS, "joining_decodes": False},
+    "the same + Path 2 priced beside the decodes its queued prompts become (tropical+)": {
         **PLUS_MECHANISMS, **PLUS_DEFAULTS},
 }
 """Toggle variants of the paper's toggle, one mechanism at a time, up to ``tropical+`` (the

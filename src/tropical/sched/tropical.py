@@ -597,11 +597,11 @@ class TropicalPolicy(Policy):
     def _chunk_of(self, worker: WorkerState, nxt: NextIteration, limit: float, now: float) -> Chunk:
         """The largest fresh prompt chunk an iteration of ``worker`` of at most ``limit`` admits
         beside its decodes and, under ``joining_decodes``, every prompt it has taken as a decode
-        too (``WorkerView.joining_now``),
-        and within the room the tightest TTFT SLO seen leaves, as its batches form (see
-        ``tightest``); once per decode batch and 1% band of limits (priced at the band's floor,
-        the safe side), so candidates with slightly different SLOs share it. Its search starts
-        from the worker's last chunk: a decode batch grows a little between two of them.
+        too (``WorkerView.joining_now``), and within the room the tightest TTFT SLO seen leaves,
+        as its batches form (see ``tightest``); once per decode batch and 1% band of limits
+        (priced at the band's floor, the safe side), so candidates with slightly different SLOs
+        share it. Its search starts from the worker's last chunk: a decode batch grows a little
+        between two of them.
 
         A prompt queued on a multiplexing worker decodes there once prefilled, so the iterations
         that feed a later prompt carry those decodes. Priced beside the decode batch as it

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.factories import linear_model, make_request
@@ -175,9 +175,12 @@ spans = st.lists(st.tuples(st.integers(200, 3000), st.integers(2, 40), st.floats
 @pytest.mark.parametrize("policy", ("colocated", "chunked-512"))
 @settings(max_examples=30, deadline=None)
 @given(spans, st.floats(0.006, 0.03))
+@example([(899, 2, 0.0)], 0.006)
 def test_predictive_admission_keeps_the_tpot_of_the_last_arrival(policy, workload, slo):
     """Once the last request is admitted no more load comes: everything that will decode beside
-    it was known, so under predictive admission it meets its TPOT SLO (exact predictor)."""
+    it was known, so under predictive admission it meets its TPOT SLO (exact predictor), up to
+    the rounding of its timestamps: a lone decode admitted at the SLO's edge (899-token prompt, 2
+    tokens out, 6 ms) measured 0.006000000000000005 s between two absolute times."""
     requests, clock = [], 0.0
     for i, (prompt, output, gap) in enumerate(workload):
         clock += gap
@@ -185,4 +188,4 @@ def test_predictive_admission_keeps_the_tpot_of_the_last_arrival(policy, workloa
     run(policy, AdmissionMode.PREDICTIVE, requests, workers=1)
     last = max(requests, key=lambda r: (r.arrival, r.id))
     if last.rejected is None and last.output_len > 1:
-        assert tpot(last) <= last.slo.tpot
+        assert tpot(last) <= last.slo.tpot * (1 + 1e-12)

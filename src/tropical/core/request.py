@@ -96,6 +96,11 @@ class Request:
         assert self.first_token is not None, f"request {self.id} has no first token yet"
         return self.first_token
 
+    def on_pace_until(self, tokens: int) -> float:
+        """When its stream, with ``tokens`` out, falls behind its TPOT SLO: its first token plus
+        that many SLOs (the deadline a decoding worker keeps it to)."""
+        return self.first_token_at + tokens * self.slo.tpot
+
     @property
     def done(self) -> bool:
         return self.finish is not None or self.error is not None

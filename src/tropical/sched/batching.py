@@ -168,7 +168,7 @@ def _caught_up_limit(worker: WorkerState, batch: Batch, now: float) -> float:
         decode = BatchShape.decode(batch.decode_count, batch.decode_context)
         limit = tightest.room(worker.latency, decode, limit)
     for req in worker.incoming.values():
-        limit = min(limit, req.first_token_at + req.generated * req.slo.tpot - now)
+        limit = min(limit, req.on_pace_until(req.generated) - now)
     return min(limit, worker.catch_up_deadline(now) - now)
 
 

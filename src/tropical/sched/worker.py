@@ -618,7 +618,7 @@ class WorkerState:
         does, since asking ``generated`` per request was 14% of a full-rate run."""
         deadline, steps = math.inf, self.steps
         for req in self.running.values():
-            due = req.first_token_at + (steps - req.step_base) * req.slo.tpot
+            due = req.on_pace_until(steps - req.step_base)
             if due - now < req.slo.tpot and due < deadline:
                 deadline = due
         return deadline

@@ -52,8 +52,9 @@ CURVE_FLOOR = 0.05
 _PLUS_BEFORE: dict[str, object] = {**PLUS_MECHANISMS, **PLUS_DEFAULTS, "shorter_first": False,
                                    "iteration_cap": False, "joining_decodes": False}
 """``tropical+`` before Path 2 at arrival waited for shorter prompts at risk (and before its
-multiplexing iterations kept within the tightest TTFT SLO's room): the ablation's rows up to it
-take away one mechanism more each."""
+multiplexing iterations kept within the tightest TTFT SLO's room, and before Path 2 priced
+chunks beside the decodes its queued prompts become): the ablation's rows up to it take away one
+mechanism more each."""
 ABLATION: dict[str, dict[str, object]] = {
     "paper toggle (per-iteration slack)": {},
     "banked slack": {"slack": SlackRule.BANKED},

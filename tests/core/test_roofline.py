@@ -156,12 +156,18 @@ def test_a_mixed_iteration_is_its_ops_summed(prefills: list[tuple[int, int]], de
     assert model.iteration_time(shape) == dense + model._layers * attention
 
 
-def test_the_layer_cache_starts_over_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_layer_cache_lists_small_counts_and_starts_over_past_them_when_full(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token counts below ``_LISTED_TOKENS`` are kept in a list indexed by the count, the rest in
+    a dict that starts over when full; either way a prediction is what a cold model computes,
+    in whatever order the counts come."""
     monkeypatch.setattr(roofline, "_CACHED_SHAPES", 4)
+    monkeypatch.setattr(roofline, "_LISTED_TOKENS", 5)
     model, cold = internlm2(), internlm2()
-    times = [model.iteration_time(BatchShape.prefill(n)) for n in range(1, 12)]
-    assert len(model._layer_seconds) <= 4
-    assert times == [cold.iteration_time(BatchShape.prefill(n)) for n in range(1, 12)]
+    counts = [11, 1, 7, 4, 5, 2, 9, 3, 10, 6, 8, 1, 11]
+    times = [model.iteration_time(BatchShape.prefill(n)) for n in counts]
+    assert len(model._layer_seconds) <= 5 and len(model._long_layer_seconds) <= 4
+    assert times == [cold.iteration_time(BatchShape.prefill(n)) for n in reversed(counts)][::-1]
 
 
 @settings(max_examples=300, deadline=None)

@@ -19,7 +19,14 @@ from tropical.core.specs import HardwareSpec, ModelSpec, ReplicaSpec
 
 Number = Any  # a float, or a numpy array when the calibration evaluates many rows at once
 _CACHED_SHAPES = 1 << 16
-"""Token counts whose layer time a model keeps; past that it starts over (memory stays bounded)."""
+"""Token counts past ``_LISTED_TOKENS`` whose layer time a model keeps; past that it starts over
+(memory stays bounded)."""
+_LISTED_TOKENS = 1 << 14
+"""Token counts below this have their layer time kept in a list indexed by the count (at most
+128 kB of slots per model: chunks, budgets and decode batches are below it; a whole long prompt
+in one iteration is not, and is rarer)."""
+_UNSET = -1.0
+"""A list slot not computed yet (every time is nonnegative)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +242,9 @@ class RooflineModel:
         self._transfer = Linear.copy(efficiency.transfer, gpu)
         self._kv_bytes_per_shard = model.kv_bytes_per_token / tp
         self._decode_lines: dict[int, tuple[float, float]] = {}
-        self._layer_seconds: dict[int, float] = {}
-        self._head_seconds: dict[int, float] = {}
+        self._layer_seconds: list[float] = []
+        self._long_layer_seconds: dict[int, float] = {}
+        self._head_seconds: list[float] = []
         self._decode_intercepts: dict[int, float] = {}
         self._overhead = efficiency.iteration_overhead
 
@@ -262,26 +270,37 @@ class RooflineModel:
 
     def _dense(self, tokens: int, sampled: int) -> float:
         """Everything but attention: per-layer GEMMs and streams, the LM head, the CPU overhead.
-        Both parts are cached by size (looked up here, one call fewer per prediction): the
-        simulator and the toggle price many iterations of the same token count (chunks,
-        budgets, decode batches), and at most one row per sequence is sampled."""
-        layers = self._layer_seconds.get(tokens)
-        if layers is None:
+        Both parts are kept by size in lists indexed by it (looked up here, one call fewer per
+        prediction): the simulator and the toggle price many iterations of the same token count
+        (chunks, budgets, decode batches), and at most one row per sequence is sampled. Kept in
+        dicts keyed by the count, the two lookups made this function a twentieth of a full-rate
+        ``tropical+`` run's time (compiled, sampled by perf)."""
+        layers = self._layer_seconds[tokens] if tokens < len(self._layer_seconds) else _UNSET
+        if layers < 0.0:
             layers = self._all_layers(tokens)
-        head = self._head_seconds.get(sampled)
-        if head is None:
-            head = self._head_seconds[sampled] = self._lm_head.seconds(sampled) if sampled else 0.0
+        head = self._head_seconds[sampled] if sampled < len(self._head_seconds) else _UNSET
+        if head < 0.0:
+            head = self._lm_head.seconds(sampled) if sampled else 0.0
+            _keep(self._head_seconds, sampled, head)
         return self._overhead + layers + head
 
     def _all_layers(self, tokens: int) -> float:
-        """Every layer's GEMMs and streams over ``tokens``, kept for ``_dense``."""
+        """Every layer's GEMMs and streams over ``tokens``, kept for ``_dense`` (counts past
+        ``_LISTED_TOKENS`` in a dict, which starts over at ``_CACHED_SHAPES``)."""
+        if tokens >= _LISTED_TOKENS:
+            seconds = self._long_layer_seconds.get(tokens)
+            if seconds is not None:
+                return seconds
         layer = self._fixed + tokens * self._per_token
         for gemm in self._gemms:
             layer += gemm.seconds(tokens)
         seconds = self._layers * layer
-        if len(self._layer_seconds) >= _CACHED_SHAPES:
-            self._layer_seconds.clear()
-        self._layer_seconds[tokens] = seconds
+        if tokens < _LISTED_TOKENS:
+            _keep(self._layer_seconds, tokens, seconds)
+            return seconds
+        if len(self._long_layer_seconds) >= _CACHED_SHAPES:
+            self._long_layer_seconds.clear()
+        self._long_layer_seconds[tokens] = seconds
         return seconds
 
     def iteration_time(self, shape: BatchShape) -> float:
@@ -330,3 +349,11 @@ class RooflineModel:
             return 0.0
         return self._transfer.seconds(tokens * self._kv_bytes_per_shard)
 
+
+def _keep(times: list[float], index: int, seconds: float) -> None:
+    """Set ``times[index]``, first growing the list with unset slots (through the index, or to
+    twice its length within ``_LISTED_TOKENS`` slots if that is more: growing costs amortized
+    O(1) a slot)."""
+    if index >= len(times):
+        times.extend([_UNSET] * (max(index + 1, min(2 * len(times), _LISTED_TOKENS)) - len(times)))
+    times[index] = seconds

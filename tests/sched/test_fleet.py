@@ -35,14 +35,27 @@ def test_predictions_are_corrected_online_where_the_policy_learns_or_the_substra
 def test_only_a_policy_that_routes_by_prefix_keeps_the_fleets_directory():
     """Every worker caches either way; the directory of who holds which block is kept only
     where the policy reads it (the cache-blind baselines would pay to index for nothing)."""
-    roles = [Role.PREFILL, Role.MULTIPLEX]
+    roles = [Role.PREFILL, Role.MULTIPLEX, Role.MULTIPLEX, Role.MULTIPLEX]
     for name, routes in [("tropical+", True), ("kv-router", True), ("kv-router-disagg", True),
                          ("chunked-512/2pools", True), ("chunked-512", False), ("disagg", False),
                          ("colocated", False)]:
-        states = worker_states(make_policy(name), roles, [(100, 16)] * 2, [linear_model()] * 2,
+        states = worker_states(make_policy(name), roles, [(100, 16)] * 4, [linear_model()] * 4,
                                prefix_cache=True)
         caches = [s.kv.cache for s in states]
         assert all(c is not None for c in caches), name
         directories = {id(c.directory) for c in caches if c is not None}
         assert (caches[0] is not None and caches[0].directory is not None) is routes, name
         assert len(directories) == 1, f"{name}: one directory for the fleet, or none"
+
+
+def test_the_toggle_keeps_a_directory_only_where_a_walk_has_more_workers_than_its_floors_spare():
+    """The toggle reads the directory only for floors, and prices every worker of a role
+    exactly where it has at most ``FLOORS_FROM``: the paper cluster's two and two keep none."""
+    toggle = make_policy("tropical+")
+    p, m = Role.PREFILL, Role.MULTIPLEX
+    for roles, kept in [([p, p, m, m], False), ([p, m], False), ([p, p, p, m], True),
+                        ([p, m, m, m], True), ([p, p, p, m, m, m], True)]:
+        states = worker_states(toggle, roles, [(100, 16)] * len(roles), [linear_model()] * len(roles),
+                               prefix_cache=True)
+        caches = [s.kv.cache for s in states]
+        assert all(c is not None and (c.directory is not None) is kept for c in caches), roles

@@ -249,7 +249,7 @@ def floors_at_every_clock(seed: int, n: int) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from([1, 5, 40]), st.sampled_from([0.0, 0.5, 1.0]))
+@given(st.integers(0, 10_000), st.sampled_from([3, 5, 40]), st.sampled_from([0.0, 0.5, 1.0]))
 def test_the_new_token_floors_of_the_fleet_are_each_workers_own(seed, n, share):
     """As a vector by worker id, priced or not, whatever share of the fleet holds the prompt's
     first block (every worker: a conversation's first block, once the fleet has served a few)."""

@@ -130,8 +130,9 @@ def test_decode_destination_is_the_least_loaded_with_room(seed, n, prompt):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 6))
+@given(st.integers(0, 10_000), st.integers(3, 6))
 def test_the_directory_holds_exactly_what_every_cache_holds(seed, n):
+    """(A toggle's fleet of two multiplexing workers or fewer keeps none: ``keeps_directory``.)"""
     workers = loaded_fleet(seed, n)
     cache = workers[0].kv.cache
     assert cache is not None and cache.directory is not None
@@ -150,7 +151,7 @@ def test_the_directory_holds_exactly_what_every_cache_holds(seed, n):
 
 
 def test_the_directory_follows_forgotten_keys_and_a_revived_worker_starts_empty():
-    workers = fleet(3, role=Role.COLOCATED)
+    workers = fleet(3)
     cluster = Cluster(workers, DisaggPolicy(512))
     for w in workers:
         load(w, random.Random(w.id), w.id + 1)
@@ -262,7 +263,7 @@ def test_every_shortlist_of_a_decision_is_the_least_loaded_holders_then_the_leas
 
 
 def test_a_request_without_prefix_blocks_has_no_holders():
-    workers = fleet(2)
+    workers = fleet(3)
     cache = workers[0].kv.cache
     assert cache is not None and cache.directory is not None
     assert cache.directory.deepest_holders(Request(1, 0.0, 100, 1, make_request().slo)) == set()

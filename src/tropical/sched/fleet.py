@@ -20,9 +20,10 @@ def worker_states(policy: Policy, roles: Sequence[Role], pools: Sequence[tuple[i
     of ``pools[i]`` (blocks, block size) and ``predictors[i]`` to price its iterations, corrected
     online (``OnlineLatency``) where the policy learns from its iterations, or wherever ``online``
     says. With ``prefix_cache`` each worker keeps the prompts it computed for reuse, and, where
-    the policy routes by prefix, one directory says which workers hold each prefix block."""
+    the policy keeps one (``Policy.keeps_directory``), one directory says which workers hold each
+    prefix block."""
     learns = policy.learns_latency if online is None else online
-    directory = PrefixDirectory() if prefix_cache and policy.routes_by_prefix else None
+    directory = PrefixDirectory() if prefix_cache and policy.keeps_directory(roles) else None
     return [worker_state(i, role, policy.rules(role), blocks, block_size,
                          OnlineLatency(predictor) if learns else predictor, prefix_cache, directory)
             for i, (role, (blocks, block_size), predictor)

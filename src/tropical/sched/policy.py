@@ -43,6 +43,11 @@ class Policy(ABC):
     block) to choose workers. A cache-blind router keeps none, as a load-balancing router in
     front of vLLM keeps none: its workers still cache and reuse, and nothing pays to index them."""
 
+    def keeps_directory(self, roles: Sequence[Role]) -> bool:
+        """Is the fleet's prefix directory worth keeping on a fleet of ``roles``? Where the
+        policy routes by prefix, by default."""
+        return self.routes_by_prefix
+
     @abstractmethod
     def roles(self, num_workers: int) -> list[Role]:
         """The role of each worker for this policy on a cluster of ``num_workers``."""

@@ -194,17 +194,6 @@ class TropicalPolicy(Policy):
     observes_iterations = True
     routes_by_prefix = True
 
-    def keeps_directory(self, roles: Sequence[Role]) -> bool:
-        """The toggle reads the directory for the holders of a prompt's prefix among more
-        multiplexing workers than Path 2 shortlists, and for floors, which spare exact prices
-        only where a walk has more than ``FLOORS_FROM`` workers of a role. On the paper
-        cluster's two and two it reads neither and decides alike without one, and indexing
-        every block its caches store and evict cost 2-10% of a full-rate run's instructions
-        (at eight workers, floors without it cost 2.5% more)."""
-        prefill = sum(1 for r in roles if r is Role.PREFILL)
-        multiplex = sum(1 for r in roles if r is Role.MULTIPLEX)
-        return multiplex > self.toggle.shortlist or max(prefill, multiplex) > FLOORS_FROM
-
     def __init__(self, max_batched_tokens: int, toggle: ToggleParams | None = None,
                  max_seqs: int = 256, name: str = "tropical") -> None:
         """Every worker batches up to ``max_batched_tokens`` (a lone prompt may exceed it); the
@@ -231,6 +220,17 @@ class TropicalPolicy(Policy):
         self._roles = RoleSwitch()
         self._roster: Roster | None = None
         self._prices = Path2Prices()
+
+    def keeps_directory(self, roles: Sequence[Role]) -> bool:
+        """The toggle reads the directory for the holders of a prompt's prefix among more
+        multiplexing workers than Path 2 shortlists, and for floors, which spare exact prices
+        only where a walk has more than ``FLOORS_FROM`` workers of a role. On the paper
+        cluster's two and two it reads neither and decides alike without one, and indexing
+        every block its caches store and evict cost 2-10% of a full-rate run's instructions
+        (at eight workers, floors without it cost 2.5% more)."""
+        prefill = sum(1 for r in roles if r is Role.PREFILL)
+        multiplex = sum(1 for r in roles if r is Role.MULTIPLEX)
+        return multiplex > self.toggle.shortlist or max(prefill, multiplex) > FLOORS_FROM
 
     @property
     def _path2_slack(self) -> SlackRule:

@@ -228,9 +228,8 @@ class TropicalPolicy(Policy):
         cluster's two and two it reads neither and decides alike without one, and indexing
         every block its caches store and evict cost 2-10% of a full-rate run's instructions
         (at eight workers, floors without it cost 2.5% more)."""
-        prefill = sum(1 for r in roles if r is Role.PREFILL)
-        multiplex = sum(1 for r in roles if r is Role.MULTIPLEX)
-        return multiplex > self.toggle.shortlist or max(prefill, multiplex) > FLOORS_FROM
+        multiplex = roles.count(Role.MULTIPLEX)
+        return multiplex > self.toggle.shortlist or max(roles.count(Role.PREFILL), multiplex) > FLOORS_FROM
 
     @property
     def _path2_slack(self) -> SlackRule:

@@ -2,7 +2,7 @@
 
 ``tropical native build`` copies the package into a folder named by a hash of every file in
 it (and of the interpreter's ABI), and compiles there the pure layers and the simulator's loop
-(``COMPILED`` less ``LEFT_PURE``). When ``tropical`` is imported and a build for exactly its
+(``COMPILED``, every module of it). When ``tropical`` is imported and a build for exactly its
 files exists, the package's submodules load from that build; an edited source names another
 folder, so a stale build is never run. ``TROPICAL_NATIVE=0`` runs the plain sources whatever
 is built. Compiled and plain runs decide identically (``tests/test_native.py``).
@@ -26,11 +26,6 @@ from typing import Any
 PACKAGE = Path(__file__).resolve().parent
 COMPILED = ("core", "sched", "sim/simulator.py", "sim/decode_run.py", "sim/cluster.py")
 """What a simulation runs once the trace is loaded, relative to the package."""
-LEFT_PURE = {
-    "core/latency/model.py": "a runtime-checkable Protocol",
-    "sched/rules.py": "an Enum whose members set attributes in __init__",
-}
-"""Modules mypyc cannot compile as written, and why; they run as Python beside the others."""
 
 
 class BuildError(RuntimeError):
@@ -58,7 +53,7 @@ def modules(package: Path = PACKAGE) -> list[str]:
         path = package / entry
         found = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         files += [p.relative_to(package).as_posix() for p in found]
-    return [f for f in files if f not in LEFT_PURE]
+    return files
 
 
 def source_key(package: Path = PACKAGE) -> str:

@@ -38,6 +38,15 @@ def test_by_laxity_an_urgent_prompt_goes_ahead_of_those_with_more_slack():
     assert lineup.order[ahead:] == [later, relaxed]       # least slack first
 
 
+def test_by_laxity_prompts_with_equal_keys_keep_their_queue_order():
+    worker = make_worker(Role.MULTIPLEX, RULES)
+    twins = [make_request(i, prompt=2000, ttft=5.0) for i in (7, 3, 9)]
+    urgent = make_request(4, prompt=2000, ttft=1.0)
+    lineup = Lineup.of(worker, [*twins, urgent], (), laxity=True)
+    assert lineup.order == [urgent, *twins]
+    assert lineup.keys == sorted(lineup.keys) and lineup.keys[1] == lineup.keys[2] == lineup.keys[3]
+
+
 def test_a_lineup_sums_each_prefix_after_the_prompts_carried_over():
     worker = make_worker(Role.MULTIPLEX, RULES)
     carried, queued = make_request(0, prompt=3000), [make_request(1, prompt=700), make_request(2, prompt=900)]

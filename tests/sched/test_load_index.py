@@ -24,7 +24,7 @@ from tropical.sched.fleet import worker_states
 from tropical.sched.lag import Lag
 from tropical.sched.load_index import FIRST, LoadIndex, ascending, fleet_index
 from tropical.sched.prediction import free_at
-from tropical.sched.rules import BatchRules, Role
+from tropical.sched.rules import BatchRules, Role, decodes
 from tropical.sched.tropical import Roster, TropicalPolicy, earliest_finish
 from tropical.sched.worker import WorkerState
 
@@ -72,7 +72,7 @@ def step(cluster: Cluster, books: LazyBooks | None, rng: random.Random, rid: int
     op = rng.randrange(8)
     if op == 0:
         worker.enqueue(make_request(rid, prompt=rng.randrange(1, 900), output=rng.randrange(1, 60)))
-    elif op == 1 and worker.role.decodes and worker.alive:
+    elif op == 1 and decodes(worker.role) and worker.alive:
         req = make_request(rid, prompt=rng.randrange(1, 300), output=rng.randrange(2, 60))
         if books is not None:
             books.catch_up(worker.id)
@@ -229,7 +229,7 @@ def floors_at_every_clock(seed: int, n: int) -> None:
     books = LazyBooks(cluster.workers)
     for rid, worker in enumerate(cluster.workers):
         worker.lag = books.lag
-        for k in range(rng.randrange(3) if worker.role.decodes else 0):
+        for k in range(rng.randrange(3) if decodes(worker.role) else 0):
             start_decoding(worker, make_request(100 * rid + k, prompt=rng.randrange(1, 300),
                                                 output=rng.randrange(2, 60)))
         worker.pace = rng.choice([0.0, 0.01, 0.2])

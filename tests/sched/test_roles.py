@@ -2,7 +2,7 @@
 
 from tests.factories import make_request, make_worker, start_decoding
 from tropical.sched.roles import RoleSwitch
-from tropical.sched.rules import BatchRules, Role
+from tropical.sched.rules import BatchRules, Role, decodes, takes_arrivals
 
 RULES = {Role.PREFILL: BatchRules(prefill_first=True), Role.MULTIPLEX: BatchRules(chunked=True)}
 
@@ -39,3 +39,12 @@ def test_under_pressure_a_lent_worker_drains_then_comes_back():
     switch.update(workers, 7.0, pressed=True, rules=RULES)
     assert lent.role is Role.PREFILL and lent.rules is RULES[Role.PREFILL]
     assert workers[2].role is Role.MULTIPLEX                   # never lent, never taken back
+
+
+def test_every_role_but_prefill_decodes_and_every_role_but_decode_takes_arrivals():
+    assert [role for role in Role if not decodes(role)] == [Role.PREFILL]
+    assert [role for role in Role if not takes_arrivals(role)] == [Role.DECODE]
+    worker, req = make_worker(Role.MULTIPLEX, RULES[Role.MULTIPLEX]), make_request(0, prompt=100, output=10)
+    assert worker.kv_tokens_needed(req) == req.kv_tokens
+    worker.become(Role.PREFILL, RULES[Role.PREFILL])
+    assert worker.kv_tokens_needed(req) == req.prompt_len

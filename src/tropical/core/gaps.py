@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
-LOW = 1e-5
-PER_DECADE = 20
-BUCKETS = 8 * PER_DECADE
-_RATIO = 10 ** (1 / PER_DECADE)
-_LOG_RATIO = math.log(_RATIO)
+LOW: Final = 1e-5
+PER_DECADE: Final = 20
+BUCKETS: Final = 8 * PER_DECADE
+_RATIO: Final = 10 ** (1 / PER_DECADE)
+_LOG_RATIO: Final = math.log(_RATIO)
 
 
 def bucket_of(gap: float) -> int:

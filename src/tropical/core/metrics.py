@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from tropical.core.gaps import GapHistogram
 from tropical.core.request import Request
 
 PERCENTILES = (50, 90, 99)
-STALL_S = 1.0
+STALL_S: Final = 1.0
 
 
 def ttft(req: Request) -> float:

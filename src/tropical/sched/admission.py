@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from tropical.core.request import Request
 from tropical.core.slo import SLO
@@ -11,7 +12,7 @@ from tropical.sched.dispatch import ARRIVAL_ROLES, DECODING_ROLES, first_live
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
 
-NO_LIVE_WORKER = "no live worker can serve it"
+NO_LIVE_WORKER: Final = "no live worker can serve it"
 
 
 @dataclass(slots=True)

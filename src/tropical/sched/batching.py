@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import PrefillPath, Request
+from tropical.sched.rules import decodes
 from tropical.sched.slack import Decoding, SlackRule, TpotBudget, largest_chunk
 from tropical.sched.worker import WorkerState
 
@@ -71,12 +72,12 @@ def _compose(worker: WorkerState) -> Batch:
     rules = worker.rules
     if rules.prefill_first:
         prefills = take_prefills(worker, rules.token_budget, rules.max_seqs - worker.batch_size)
-        if prefills or not worker.role.decodes:
+        if prefills or not decodes(worker.role):
             return Batch(prefills)
         return Batch([], worker.batch_size, worker.decode_context)
-    decodes = worker.batch_size if worker.role.decodes else 0
-    prefills = take_prefills(worker, rules.token_budget - decodes, rules.max_seqs - decodes)
-    return Batch(prefills, decodes, worker.decode_context if decodes else 0)
+    decoding = worker.batch_size if decodes(worker.role) else 0
+    prefills = take_prefills(worker, rules.token_budget - decoding, rules.max_seqs - decoding)
+    return Batch(prefills, decoding, worker.decode_context if decoding else 0)
 
 
 def _guard_tpot(worker: WorkerState, batch: Batch, now: float) -> Batch:

@@ -14,6 +14,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
@@ -105,9 +106,13 @@ class Lineup:
     @classmethod
     def of(cls, worker: WorkerState, queue: Sequence[Request], carried: Sequence[tuple[Request, int]],
            laxity: bool) -> Lineup:
-        order = sorted(queue, key=worker.queue_key) if laxity else list(queue)
-        keys = [worker.queue_key(req) for req in order] if laxity else []
-        return Lineup(worker, order, keys, [Pending.of(worker, (), carried)], laxity)
+        """Under laxity each prompt's key is taken once, and ties keep queue order (compiled,
+        ``sorted`` with the key as a bound method calls it in Python's own way)."""
+        if not laxity:
+            return Lineup(worker, list(queue), [], [Pending.of(worker, (), carried)], laxity)
+        ranked = sorted([(worker.queue_key(req), place, req) for place, req in enumerate(queue)])
+        return Lineup(worker, [req for _, _, req in ranked], [key for key, _, _ in ranked],
+                      [Pending.of(worker, (), carried)], laxity)
 
     def prefix(self, count: int) -> Pending:
         """The sums of the first ``count`` prompts of the lineup (after those carried), summed
@@ -175,7 +180,7 @@ class Lineup:
         return done
 
 
-REFUSALS_KEPT = 8
+REFUSALS_KEPT: Final = 8
 """Refused candidates a lineup keeps per chunk and start (a look through them must stay cheaper
 than the walk it saves)."""
 

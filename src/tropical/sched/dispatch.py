@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Final
 
 import numpy as np
 
 from tropical.core.request import Request
 from tropical.sched.load_index import Ranked, fleet_index
 from tropical.sched.prefix_directory import PrefixDirectory
-from tropical.sched.rules import Role
+from tropical.sched.rules import Role, decodes, takes_arrivals
 from tropical.sched.worker import WorkerState
 
-ARRIVAL_ROLES = tuple(role for role in Role if role.takes_arrivals)
-DECODING_ROLES = tuple(role for role in Role if role.decodes)
+ARRIVAL_ROLES: Final = tuple(role for role in Role if takes_arrivals(role))
+DECODING_ROLES: Final = tuple(role for role in Role if decodes(role))
 Bounded = tuple[float, int, WorkerState]
 """A worker with a lower bound on what a choice would cost there, and its id to break ties."""
 
@@ -260,7 +261,7 @@ def first_fitting(ordered: Iterable[WorkerState],
 
 def has_room(req: Request, worker: WorkerState) -> bool:
     """Could ``worker`` decode ``req`` now: it decodes, holds its KV, and has a seat."""
-    return worker.role.decodes and worker.can_hold(req) and worker.batch_size < worker.rules.max_seqs
+    return decodes(worker.role) and worker.can_hold(req) and worker.batch_size < worker.rules.max_seqs
 
 
 def decode_destination(req: Request, workers: Sequence[WorkerState]) -> WorkerState | None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from tropical.core.request import Request
 from tropical.sched.worker import WorkerState
 
-KEPT = 1 << 18
+KEPT: Final = 1 << 18
 """Prices kept at most: beyond, all are dropped (those of prompts long gone among them)."""
 
 

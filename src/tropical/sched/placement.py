@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Sequence
+from typing import Final
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from tropical.sched.prediction import prompt_floor_vector, prompt_floors
 from tropical.sched.rules import Role
 from tropical.sched.worker import WorkerState
 
-_PREFILL = (Role.PREFILL,)
+_PREFILL: Final = (Role.PREFILL,)
 
 
 def placed_finish(req: Request, worker: WorkerState, now: float, lookahead: int,

@@ -24,16 +24,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from tropical.core.request import Request
 from tropical.sched.host_store import HostStore
 from tropical.sched.prefix_directory import PrefixDirectory
 
-RUNS_KEPT = 4096
+RUNS_KEPT: Final = 4096
 """Lookups a cache keeps walked at most (a router that prices every request on every worker
 would otherwise keep one per request it ever priced)."""
 
-STALE_SLACK = 64
+STALE_SLACK: Final = 64
 """Freed runs the eviction order may hold beyond twice the cached blocks before it drops the
 blocks referenced again since (a cache that never evicts would otherwise queue a run per
 release for ever)."""
@@ -113,7 +114,7 @@ class PrefixCache:
     evictions: int = 0
     stores: int = 0
     releases: int = 0
-    _runs: dict[int, CachedRun] = field(default_factory=dict)
+    _runs: dict[Request, CachedRun] = field(default_factory=dict)
     _runs_evictions: int = 0
 
     def blocks_of(self, req: Request, i: int) -> int:
@@ -134,9 +135,9 @@ class PrefixCache:
             stores += store.puts
         if self._runs_evictions != evictions or len(self._runs) > RUNS_KEPT:
             self._runs, self._runs_evictions = {}, evictions
-        run = self._runs.get(req.id)
+        run = self._runs.get(req)
         if run is None:
-            run = self._runs[req.id] = CachedRun()
+            run = self._runs[req] = CachedRun()
         if not run.ended and run.stores != stores:
             run.stores = stores
             self._extend(req, run)

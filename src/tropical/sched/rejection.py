@@ -30,7 +30,7 @@ from tropical.core.latency.iterations import decode_time
 from tropical.core.latency.shape import BatchShape
 from tropical.core.request import Request
 from tropical.sched.assignment import Assignment
-from tropical.sched.rules import Role
+from tropical.sched.rules import Role, decodes, takes_arrivals
 from tropical.sched.worker import WorkerState
 
 
@@ -81,7 +81,7 @@ class Admission:
         if not self.active:
             return None
         worker = workers[placed.worker_id]
-        paths = [w for w in workers if w.alive and w.role.takes_arrivals]
+        paths = [w for w in workers if w.alive and takes_arrivals(w.role)]
         first_token, _, best = min((predicted_first_token(req, w, now), w.id, w) for w in paths)
         chosen = placed.first_token if placed.first_token is not None else math.inf
         if (min(first_token, chosen) - req.arrival > req.slo.ttft
@@ -155,11 +155,11 @@ def decode_refusal(req: Request, worker: WorkerState, first_token: float, now: f
     """Refuse ``req`` if no worker it may decode on (``worker`` itself when that decodes) is
     predicted to run decode iterations within its TPOT SLO, and those of the requests decoding
     there, on average, and each within its TBT SLO, once its prefill ends at ``first_token``."""
-    if worker.role.decodes:
+    if decodes(worker.role):
         targets, joining = [worker], Joining()
     else:
-        targets = [w for w in workers if w.alive and w.role.decodes]
-        joining = Joining.of([w for w in workers if w.alive and not w.role.decodes], len(targets))
+        targets = [w for w in workers if w.alive and decodes(w.role)]
+        joining = Joining.of([w for w in workers if w.alive and not decodes(w.role)], len(targets))
     overs = []
     for w in targets:
         load = decode_load(w, req, joining, decode_steps(w, first_token, now) if w is not worker else 0)

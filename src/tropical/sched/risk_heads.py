@@ -22,13 +22,13 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from tropical.core.request import Request
 from tropical.sched.risk import DOOM_MARGIN, AtRisk, Late, QueueRisk, lost_last
 
 Owner = TypeVar("Owner")
-DIRECT = 2
+DIRECT: Final = 2
 """A round that finds at most this many queues at risk merges them directly (``AtRisk``)."""
 _Head = tuple[int, int, int]
 """A queue's first (at-risk or open) prompt's length, the queue's worker id, and the filing it

@@ -32,18 +32,26 @@ def check_piece(tokens: int, name: str) -> None:
 
 
 class Role(str, Enum):
-    """A worker's job in the cluster: whether it ``decodes`` (all but prefill workers) and
-    whether it ``takes_arrivals`` (a fresh request can be prefilled there; decode workers only
-    receive migrations). Both are set once per role: the schedulers ask at every decision."""
+    """A worker's job in the cluster: whether it ``decodes`` and whether it ``takes_arrivals``
+    (functions, not attributes the members set: mypyc compiles this module only without those,
+    and read from compiled code each was an attribute lookup in Python's own way, at every
+    decision)."""
 
     PREFILL = "prefill"
     DECODE = "decode"
     MULTIPLEX = "multiplex"
     COLOCATED = "colocated"
 
-    def __init__(self, value: str) -> None:
-        self.decodes = value != "prefill"
-        self.takes_arrivals = value != "decode"
+
+def decodes(role: Role) -> bool:
+    """Does a worker of ``role`` decode? All but prefill workers do."""
+    return role is not Role.PREFILL
+
+
+def takes_arrivals(role: Role) -> bool:
+    """Can a fresh request be prefilled on a worker of ``role``? Decode workers only receive
+    migrations."""
+    return role is not Role.DECODE
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Final
 
 from tropical.core.gaps import GapHistogram
 from tropical.core.request import Request
 
-_PRUNE_AT = 256
+_PRUNE_AT: Final = 256
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import Final
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
@@ -46,13 +47,13 @@ from tropical.sched.policy import Assignment, Policy
 from tropical.sched.prediction import free_at, prompt_floor_vector, prompt_floors
 from tropical.sched.queue_watch import QueueWatch
 from tropical.sched.roles import RoleSwitch
-from tropical.sched.rules import LATEST_START, BatchRules, Role, check_piece, check_size_weight
+from tropical.sched.rules import LATEST_START, BatchRules, Role, check_piece, check_size_weight, decodes
 from tropical.sched.slack import Decoding, SlackRule
 from tropical.sched.tightest import TightestPrompt
 from tropical.sched.worker import WorkerState
 from tropical.sched.worker_views import WorkerViews
 
-SHORTLIST = 4
+SHORTLIST: Final = 4
 """Multiplexing workers Path 2 prices per request: all of them up to this many; beyond, the
 ones with the least work once they took it (their prefix cache's hit counted), so that a
 decision costs the same at a thousand workers as at a few (pricing a worker plans its next
@@ -148,11 +149,11 @@ class ToggleParams:
             raise ValueError(f"lookahead must be at least 1, got {self.lookahead}")
 
 
-_BAND = math.log(1.01)
+_BAND: Final = math.log(1.01)
 _AtRisk = tuple[Request, WorkerState, float]
 """A queued request whose TTFT is at risk, the prefill worker it waits on, and its predicted
 Path 1 finish there."""
-_CHUNKS_KEPT = 4096
+_CHUNKS_KEPT: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +179,9 @@ class Roster:
                    next(iter(models.values())) if len(models) == 1 else None)
 
 
-_PREFILL = (Role.PREFILL,)
-_MULTIPLEX = (Role.MULTIPLEX,)
-FLOORS_FROM = 2
+_PREFILL: Final = (Role.PREFILL,)
+_MULTIPLEX: Final = (Role.MULTIPLEX,)
+FLOORS_FROM: Final = 2
 """Path 2 looks at more multiplexing workers than this in the order of their floors
 (``path2_floors``). On the conversation trace the floors spared 2% of the looks at the paper
 cluster's two multiplexing workers (not worth pricing them), 31% at four, 57% at eight and 75%
@@ -677,7 +678,7 @@ class TropicalPolicy(Policy):
                                and self._joins_in_time(req, w, now))
         if chosen is not None:
             return chosen
-        if self.toggle.chunked and any(w.batch_size for w in workers if w.alive and w.role.decodes):
+        if self.toggle.chunked and any(w.batch_size for w in workers if w.alive and decodes(w.role)):
             return None
         return decode_destination(req, workers)
 

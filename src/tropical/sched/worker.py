@@ -11,9 +11,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate, islice, takewhile
+from itertools import accumulate, islice
+from typing import Final
 
 from tropical.core.latency.fitted import FittedModel
 from tropical.core.latency.iterations import prefill_time
@@ -26,10 +26,10 @@ from tropical.sched.kv import KVPool
 from tropical.sched.lag import Lag
 from tropical.sched.prefix_cache import PrefixCache
 from tropical.sched.prefix_directory import PrefixDirectory
-from tropical.sched.rules import BatchRules, Role
+from tropical.sched.rules import BatchRules, Role, decodes
 from tropical.sched.token_gaps import TokenGaps
 
-CHUNK_SHARE_KEEP = 1.0 - 1.0 / 128
+CHUNK_SHARE_KEEP: Final = 1.0 - 1.0 / 128
 """How much of ``chunk_share`` one more decode iteration keeps: it forgets over about 128 of them,
 fewer than a conversation's answer has tokens (343 on average), so it follows a change of load
 within one answer."""
@@ -82,7 +82,7 @@ class WorkerState:
     _running_remaining: int = 0
     _busy_until: float = 0.0
     _finishes: list[tuple[int, int, Request]] = field(default_factory=list)
-    _costs: dict[int, tuple[int, float]] = field(default_factory=dict)
+    _costs: dict[Request, tuple[int, float]] = field(default_factory=dict)
     _queue_edits: int = 0
     _yielded_tail: int = 0
     _incoming_tokens: int = 0
@@ -299,14 +299,16 @@ class WorkerState:
         only those ahead of the first that yielded: that one and every prompt behind it gave
         their TTFT SLO up for good (a prompt that yields goes behind all that may still meet
         theirs), so none of them can be at risk, and under overload they are most of a queue.
-        The toggle scans them at every iteration end, so they are kept until the queue changes."""
+        The toggle scans them at every iteration end, so they are kept until the queue changes.
+        (A loop: compiled, ``takewhile`` and a bound method call back in Python's own way.)"""
         edits, depth, costs, _ = self._priced_queue
         if edits != self._queue_edits or depth != limit:
-            first, cost = self.batch_prefills, self.prefill_cost
-            queued: Iterator[Request] = islice(self.waiting, first, first + limit)
-            if self.rules.laxity:
-                queued = takewhile(_may_be_late, queued)
-            costs = tuple((req, cost(req)) for req in queued)
+            laxity, priced = self.rules.laxity, []
+            for req in islice(self.waiting, self.batch_prefills, self.batch_prefills + limit):
+                if laxity and req.yielded:
+                    break
+                priced.append((req, self.prefill_cost(req)))
+            costs = tuple(priced)
             behind = limit if len(costs) == limit else len(costs) + 1
             self._priced_queue = (self._queue_edits, limit, costs, behind)
         return costs
@@ -339,12 +341,13 @@ class WorkerState:
 
     def prefill_cost(self, req: Request) -> float:
         """Predicted time of ``req``'s remaining prompt here, cached until its progress changes
-        (asked only of requests queued here)."""
-        cached = self._costs.get(req.id)
+        (asked only of requests queued here). Kept by the request itself, not its id: compiled,
+        an id is boxed anew (an allocation) at every lookup."""
+        cached = self._costs.get(req)
         if cached is not None and cached[0] == req.computed:
             return cached[1]
         cost = prefill_time(self.latency, req.remaining_prompt, req.computed) + self.load_time(req)
-        self._costs[req.id] = (req.computed, cost)
+        self._costs[req] = (req.computed, cost)
         return cost
 
     def add_host_tier(self, store: HostStore, seconds_per_token: float) -> None:
@@ -416,7 +419,7 @@ class WorkerState:
 
     def kv_tokens_needed(self, req: Request) -> int:
         """A prefill-only worker holds the prompt; a decoding worker the whole lifetime's KV."""
-        return req.kv_tokens if self.role.decodes else req.prompt_len
+        return req.kv_tokens if decodes(self.role) else req.prompt_len
 
     def kv_to_reserve(self, req: Request) -> int:
         """KV tokens ``req`` needs here beyond the cached blocks it references (or would)."""
@@ -484,7 +487,7 @@ class WorkerState:
             req.cached = req.computed = self.hit(req)
         self._put(self._laxity_slot(req) if self.rules.laxity else len(self.waiting), req)
         self._add_queued_work(req, 1)
-        self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+        self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if decodes(self.role) else 0)
         self.waiting_prompt += req.remaining_prompt
 
     def queue_key(self, req: Request) -> float:
@@ -683,10 +686,10 @@ class WorkerState:
         self._tail_removed(req, None)
         self.waiting.remove(req)
         self._queue_edits += not in_flight          # from the batch in flight: the queued stay as they were
-        self._costs.pop(req.id, None)
+        self._costs.pop(req, None)
         req.first_token = now
         req.generated = 1
-        if self.role.decodes:
+        if decodes(self.role):
             self.waiting_tokens -= req.output_len - 1
             if req.output_len == 1:
                 req.finish = now
@@ -750,8 +753,8 @@ class WorkerState:
                 self.batch_prefills -= 1
                 self.inflight.pop(req.id, None)
                 self.queued_work -= self.rests.pop(req.id, (0.0, 0.0))[1]
-            self._costs.pop(req.id, None)
-            self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if self.role.decodes else 0)
+            self._costs.pop(req, None)
+            self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if decodes(self.role) else 0)
             self.waiting_prompt -= req.remaining_prompt
         if req.id in self.running:
             req.generated = self.generated(req)
@@ -769,11 +772,6 @@ class WorkerState:
                 req.own = (req.cached, req.computed)
             req.computed -= req.cached           # its cached prefix was this worker's
             req.cached = 0
-
-
-def _may_be_late(req: Request) -> bool:
-    """Can ``req``'s TTFT SLO still be at risk (it has not given it up by yielding)?"""
-    return not req.yielded
 
 
 # A real engine measures time instead of predicting it; a WorkerState only prices work for the TPOT

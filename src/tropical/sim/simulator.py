@@ -5,17 +5,17 @@ server drives. Between two events a worker's decode iterations differ only by gr
 so a run of them is priced in closed form (see ``DecodeRun``) and cut short at the next
 iteration boundary when new work reaches it. A run is booked at its end, and in part only when a
 decision reads the worker before then (``sched.lag``), so an event costs the workers it reads,
-not the fleet.
+not the fleet. (The heap and the clock are imported as names, not read as module attributes:
+compiled, a module's attribute is looked up in Python's own way, at every event.)
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from heapq import heappop, heappush
+from time import perf_counter
+from typing import Any, Final
 
 from tropical.core.latency.model import LatencyModel
 from tropical.core.metrics import attains, ttft
@@ -27,7 +27,8 @@ from tropical.sched.policy import Policy
 from tropical.sched.worker import WorkerState
 from tropical.sim.decode_run import DecodeRun
 
-_ITER_END, _MIGRATED = 0, 1
+_ITER_END: Final = 0
+_MIGRATED: Final = 1
 
 
 @dataclass(slots=True)
@@ -108,9 +109,9 @@ class Simulator:
         self.stats = [WorkerStats() for _ in self.workers]
         self.now = 0.0
         self._events: list[tuple[float, int, int, tuple[Any, ...]]] = []
-        self._seq = itertools.count()
+        self._seq = 0
         self._flights: dict[int, Flight] = {}
-        self._versions = itertools.count()
+        self._versions = 0
         self.arrival_s: list[float] = []
         self.end_s: list[float] = []
         self.settled = 0
@@ -130,12 +131,14 @@ class Simulator:
                 self._arrive(upcoming)
                 upcoming = next(arrivals, None)
                 continue
-            self.now, _, kind, payload = heapq.heappop(self._events)
+            self.now, _, kind, payload = heappop(self._events)
             self._lag.now = self.now
-            if kind == _ITER_END:
-                self._iteration_end(*payload)
+            if kind == _ITER_END:  # arguments unpacked here: compiled, a starred call is Python's own
+                worker_id, version = payload
+                self._iteration_end(worker_id, version)
             else:
-                self._migrated(*payload)
+                req, source, target = payload
+                self._migrated(req, source, target)
         self._fail_leftovers()
         return self.requests
 
@@ -143,12 +146,19 @@ class Simulator:
         return self.miss_budget is not None and self.misses > self.miss_budget
 
     def _push(self, time: float, kind: int, payload: tuple[Any, ...]) -> None:
-        heapq.heappush(self._events, (time, next(self._seq), kind, payload))
+        self._seq += 1
+        heappush(self._events, (time, self._seq, kind, payload))
+
+    def _next_version(self) -> int:
+        """A number no flight had before (counters are ints, not ``itertools.count``: compiled,
+        ``next`` on one is a call in Python's own way)."""
+        self._versions += 1
+        return self._versions
 
     def _arrive(self, req: Request) -> None:
-        started = time.perf_counter()
+        started = perf_counter()
         effects = self.cluster.arrive(req, self.now)
-        self.arrival_s.append(time.perf_counter() - started)
+        self.arrival_s.append(perf_counter() - started)
         self._carry_out(effects)
         if req.error is None:
             self._honor_checks()
@@ -196,7 +206,7 @@ class Simulator:
         batch = self.cluster.plan(worker.id, self.now)
         if batch is None:
             return
-        version = next(self._versions)
+        version = self._next_version()
         if batch.decode_only and not batch.loaded:
             steps = 1 if batch.held else self._run_length(worker)
             run = DecodeRun.start(worker, steps, self.truth[worker.id])
@@ -246,7 +256,7 @@ class Simulator:
             run = whole.cut_to(ahead)
         if run.steps >= whole.steps:
             return
-        flight.run, flight.end, flight.version = run, flight.start + run.duration, next(self._versions)
+        flight.run, flight.end, flight.version = run, flight.start + run.duration, self._next_version()
         self._push(flight.end, _ITER_END, (worker.id, flight.version))
 
     def _iteration_end(self, worker_id: int, version: int) -> None:
@@ -263,9 +273,9 @@ class Simulator:
         if run is None and flight.batch.prefills:
             stats.prefill_tokens += sum(new for _, new, _ in flight.batch.prefills)
             stats.prefill_busy += flight.end - flight.start
-        started = time.perf_counter()
+        started = perf_counter()
         booking = self.cluster.book(worker_id, flight.batch, self.now, steps, first=first, growth=growth)
-        self.end_s.append(time.perf_counter() - started)
+        self.end_s.append(perf_counter() - started)
         for req in booking.prefilled:
             stats.prompt_tokens += req.prompt_len
             stats.cached_tokens += req.reused

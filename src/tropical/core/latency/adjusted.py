@@ -14,7 +14,7 @@ from tropical.core.latency.shape import BatchShape
 
 
 @dataclass(frozen=True, slots=True)
-class AdjustedModel:
+class AdjustedModel(LatencyModel):
     """``base`` with compute scaled by ``scale`` plus ``overhead`` seconds per iteration and
     ``transfer_scale`` on KV migrations (the decode line stays a line, as the simulator needs)."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 
 FORMAT = "tropical-latency-profile/1"
@@ -23,7 +24,7 @@ COMPUTE = ("prefill_intercept", "prefill_per_token", "prefill_per_pair", "decode
 
 
 @dataclass(frozen=True, slots=True)
-class FittedModel:
+class FittedModel(LatencyModel):
     """Seconds as linear functions of a batch's aggregate sums."""
 
     prefill_intercept: float

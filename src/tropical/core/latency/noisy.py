@@ -21,7 +21,7 @@ _DECODE, _TRANSFER = 1, 2
 
 
 @dataclass(frozen=True, slots=True)
-class NoisyModel:
+class NoisyModel(LatencyModel):
     """``truth``'s predictions, each scaled by (1 + bias)(1 + e), e uniform in [-noise, +noise]."""
 
     truth: LatencyModel

@@ -23,7 +23,7 @@ BOUNDS = (0.2, 5.0)
 
 
 @dataclass(slots=True)
-class OnlineLatency:
+class OnlineLatency(LatencyModel):
     """``base`` with its prefill part scaled by ``prefill_scale`` and its decode part by
     ``decode_scale``; ``observe_*`` move the scales toward observed/predicted."""
 

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final
 
+from tropical.core.latency.model import LatencyModel
 from tropical.core.latency.shape import BatchShape
 from tropical.core.specs import HardwareSpec, ModelSpec, ReplicaSpec
 
 Number = Any  # a float, or a numpy array when the calibration evaluates many rows at once
-_CACHED_SHAPES = 1 << 16
+_CACHED_SHAPES: Final = 1 << 16
 """Token counts past ``_LISTED_TOKENS`` whose layer time a model keeps; past that it starts over
 (memory stays bounded)."""
-_LISTED_TOKENS = 1 << 14
+_LISTED_TOKENS: Final = 1 << 14
 """Token counts below this have their layer time kept in a list indexed by the count (at most
 128 kB of slots per model: chunks, budgets and decode batches are below it; a whole long prompt
 in one iteration is not, and is rarer)."""
-_UNSET = -1.0
+_UNSET: Final = -1.0
 """A list slot not computed yet (every time is nonnegative)."""
 
 
@@ -224,7 +225,7 @@ class DecodeAttention:
         return self.intercept(count) + context * self.context_s
 
 
-class RooflineModel:
+class RooflineModel(LatencyModel):
     """LatencyModel of one replica: layers x (GEMMs + elementwise + attention + all-reduce)."""
 
     def __init__(self, replica: ReplicaSpec, efficiency: Efficiency) -> None:

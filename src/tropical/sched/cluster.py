@@ -55,7 +55,7 @@ class Assigned:
 class Wake:
     """New work reached ``worker_id``: start an iteration if it is idle, or cut a decode run short.
     A value, as ``Assigned`` (compiled, a frozen dataclass is built through Python's own
-    ``__init__``: this, ``Migrate`` and ``Free``, built for every request, were 1.2% of a
+    ``__init__``: this, ``Migrate`` and ``Free``, built for every request, were 1% of a
     full-rate ``tropical+`` run's instructions)."""
 
     worker_id: int

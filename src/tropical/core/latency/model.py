@@ -18,10 +18,10 @@ class LatencyModel:
     """Predicts seconds for one iteration on one replica, and for moving KV off it.
 
     A base class that every model derives from, not a Protocol: compiled, a call through a
-    Protocol is a Python method call, its arguments and result boxed, and predictions are most
-    of what a simulation computes (at the paper cluster's full trace rate, half a million calls
-    per 3,000 requests). Not an ``ABC`` either: mypyc compiles a slotted dataclass deriving from
-    one only without its metaclass."""
+    Protocol is a Python method call, its arguments and result boxed, and a simulation asks for
+    hundreds of thousands of predictions (at the paper cluster's full trace rate, about 300,000
+    iteration times per 3,000 requests). Not an ``ABC`` either: mypyc compiles a slotted
+    dataclass deriving from one only without its metaclass."""
 
     __slots__ = ()
 

@@ -35,7 +35,7 @@ decision: measured side by side (benchmarks/scale.py), the index's vector calls 
 that pass at 64 and 256 workers and less at 1,024."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Assigned:
     """The policy placed ``request``'s prefill on ``worker_id`` (its path is on the request). A
     value: never change one (one per request; it writes its constructor, see ``BatchShape``)."""
@@ -47,11 +47,8 @@ class Assigned:
         self.request = request
         self.worker_id = worker_id
 
-    def __hash__(self) -> int:
-        return hash((self.request, self.worker_id))
 
-
-@dataclass(slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Wake:
     """New work reached ``worker_id``: start an iteration if it is idle, or cut a decode run short.
     A value, as ``Assigned`` (compiled, a frozen dataclass is built through Python's own
@@ -63,11 +60,8 @@ class Wake:
     def __init__(self, worker_id: int) -> None:
         self.worker_id = worker_id
 
-    def __hash__(self) -> int:
-        return hash(self.worker_id)
 
-
-@dataclass(slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Migrate:
     """Move ``request``'s KV from ``source`` to ``target`` (room is reserved there), then report
     ``migrated`` (or ``migration_failed``): ``tokens`` of its prompt, those not cached on the
@@ -84,11 +78,8 @@ class Migrate:
         self.target = target
         self.tokens = tokens
 
-    def __hash__(self) -> int:
-        return hash((self.request, self.source, self.target, self.tokens))
 
-
-@dataclass(slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Free:
     """Drop ``request_id``'s KV from ``worker_id``'s cache (the scheduling state already has). A
     value, as ``Wake``."""
@@ -99,9 +90,6 @@ class Free:
     def __init__(self, worker_id: int, request_id: int) -> None:
         self.worker_id = worker_id
         self.request_id = request_id
-
-    def __hash__(self) -> int:
-        return hash((self.worker_id, self.request_id))
 
 
 @dataclass(frozen=True, slots=True)

@@ -279,6 +279,14 @@ class WorkerState:
         if self.role is Role.PREFILL:
             self.queued_work += sign * self.prefill_cost(req)
 
+    def _add_waiting(self, req: Request, sign: int) -> None:
+        """Keep ``waiting_tokens`` (the unfinished tokens of the queue: its prompts still to
+        compute and, where this worker decodes, the tokens still to generate) and
+        ``waiting_prompt``."""
+        to_generate = req.output_len - 1 if decodes(self.role) else 0
+        self.waiting_tokens += sign * (req.remaining_prompt + to_generate)
+        self.waiting_prompt += sign * req.remaining_prompt
+
     def queued(self, limit: int | None = None) -> list[Request]:
         """Waiting requests not in the iteration now running (those may still be moved)."""
         stop = None if limit is None else self.batch_prefills + limit
@@ -487,8 +495,7 @@ class WorkerState:
             req.cached = req.computed = self.hit(req)
         self._put(self._laxity_slot(req) if self.rules.laxity else len(self.waiting), req)
         self._add_queued_work(req, 1)
-        self.waiting_tokens += req.remaining_prompt + (req.output_len - 1 if decodes(self.role) else 0)
-        self.waiting_prompt += req.remaining_prompt
+        self._add_waiting(req, 1)
 
     def queue_key(self, req: Request) -> float:
         """Where ``req`` stands in this worker's queue under laxity order, least first:
@@ -754,8 +761,7 @@ class WorkerState:
                 self.inflight.pop(req.id, None)
                 self.queued_work -= self.rests.pop(req.id, (0.0, 0.0))[1]
             self._costs.pop(req, None)
-            self.waiting_tokens -= req.remaining_prompt + (req.output_len - 1 if decodes(self.role) else 0)
-            self.waiting_prompt -= req.remaining_prompt
+            self._add_waiting(req, -1)
         if req.id in self.running:
             req.generated = self.generated(req)
             del self.running[req.id]

@@ -45,7 +45,7 @@ print(json.dumps({"running": running(), "fingerprints": out}))
 def _fake_package(root: Path) -> Path:
     package = root / "tropical"
     for name in ("core/request.py", "sched/worker.py", "sim/simulator.py", "sim/decode_run.py",
-                 "sim/cluster.py", "data/trace.json"):
+                 "sim/event.py", "sim/cluster.py", "data/trace.json"):
         (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(f"# {name}\n")
     return package
@@ -69,6 +69,7 @@ def test_the_compiled_modules_are_the_pure_layers_and_the_simulator_s_loop():
     compiled = native.modules()
     assert "sched/tropical.py" in compiled and "sim/simulator.py" in compiled
     assert "sched/rules.py" in compiled and "core/latency/model.py" in compiled
+    assert "sim/event.py" in compiled
     assert not any(m.startswith(("serve/", "engine/", "bench/")) for m in compiled)
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE = Path(__file__).resolve().parent
-COMPILED = ("core", "sched", "sim/simulator.py", "sim/decode_run.py", "sim/cluster.py")
+COMPILED = ("core", "sched", "sim/simulator.py", "sim/decode_run.py", "sim/event.py",
+            "sim/cluster.py")
 """What a simulation runs once the trace is loaded, relative to the package."""
 
 

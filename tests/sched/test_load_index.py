@@ -284,7 +284,9 @@ def test_each_arrival_and_iteration_end_leaves_the_index_up_to_date_with_what_it
     def filed() -> bool:
         return not index.marked and all(
             index.booked_keys[w.id] == w.booked_load()[0] * n + w.id
-            and index.queued_work[w.id] == w.queued_work for w in cluster.workers)
+            and index.queued_work[w.id] == w.queued_work
+            and index.block_size[w.id] == w.kv.block_size and index.live[w.id] == w.alive
+            and load_index.ROLES[index.role[w.id]] is w.role for w in cluster.workers)
 
     for rid in range(6):
         cluster.arrive(make_request(rid, prompt=300 + 100 * rid, output=5), 0.01 * rid)

@@ -16,7 +16,10 @@ from tropical.engine.loader import load_model
 
 BUDGET = 16
 DECODERS = ["serving systems", "the quick brown fox"]
-BLOCKERS = [f"{i} a b c d e f g h i j k l m n o p " * 40 for i in range(60)]
+BLOCKERS = [f"{i} a b c d e f g h i j k l m n o p " * 40 for i in range(80)]
+"""80: with 60, a host whose cached profile is fast priced their queue at 0.48 s, inside the long
+prompt's 500 ms, and it stayed on the prefill worker (with 120, httpx's pool of 100 connections
+held some back past the wait for their decisions)."""
 LONG = "tropical fish swim in warm seas " * 9
 RELAXED = {"slo_ttft_ms": 600_000, "slo_tpot_ms": 60_000}
 

@@ -224,7 +224,10 @@ class Simulator:
 
     def _unbooked(self, worker_id: int) -> int:
         """Iterations of the worker's decode run completed by now and not booked (see Lag)."""
-        flight = self._flights.get(self.workers[worker_id].key)
+        return self._due(self._flights.get(self.workers[worker_id].key))
+
+    def _due(self, flight: Flight | None) -> int:
+        """Iterations of ``flight``'s decode run completed by now and not booked."""
         if flight is None or flight.run is None:
             return 0
         return max(0, flight.run.completed_by(self.now - flight.start) - flight.booked)
@@ -233,12 +236,12 @@ class Simulator:
         """Book the iterations of the worker's decode run completed by now, short of the run's
         last (its iteration end books that), when a decision reads the worker (see Lag; a run
         whose next iteration the clock has not quite passed waits for the next read)."""
-        unbooked = self._unbooked(worker_id)
+        flight = self._flights.get(self.workers[worker_id].key)
+        unbooked = self._due(flight)
         if not unbooked:
             return
-        flight = self._flights[self.workers[worker_id].key]
+        assert flight is not None and flight.run is not None
         run = flight.run
-        assert run is not None
         done = flight.booked + unbooked
         self.settled += 1
         self.cluster.advance(worker_id, done - flight.booked, flight.start + run.elapsed(done),
